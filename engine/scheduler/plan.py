@@ -1,0 +1,139 @@
+"""The scheduler's decisions and their outcomes: plain, serializable values.
+
+A ``Plan`` is everything one model step needs to know: which requests prefill
+which token span, which requests decode one token, and the page table of each.
+Rank 0 broadcasts it to the other tensor-parallel ranks; a run can be logged and
+replayed from it. ``complete(plan, tokens)`` turns the sampled tokens into
+``Event`` values.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from enum import Enum
+from typing import Any
+
+
+class FinishReason(str, Enum):
+    LENGTH = "length"  # max_new_tokens reached
+    STOP = "stop"  # a stop token (EOS or a user stop id) was sampled
+    ABORT = "abort"  # aborted by the client or the server
+
+
+@dataclass(frozen=True, slots=True)
+class PrefillChunk:
+    """Compute the KV of positions ``[start, start + length)`` of a request's sequence.
+
+    ``samples`` is true for the last chunk of a prefill: the model samples the
+    request's next token from the logits of its last position.
+    """
+
+    rid: str
+    start: int
+    length: int
+    samples: bool
+    pages: tuple[int, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class DecodeSlot:
+    """Feed the request's last token at ``position`` and sample the next one."""
+
+    rid: str
+    position: int
+    pages: tuple[int, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class Plan:
+    """One scheduler step. Empty when there is nothing to run."""
+
+    step: int
+    now: float
+    prefill: tuple[PrefillChunk, ...] = ()
+    decode: tuple[DecodeSlot, ...] = ()
+    preempted: tuple[str, ...] = ()  # sent back to waiting at this step
+    aborted: tuple[str, ...] = ()  # released at this step
+
+    @property
+    def num_prefill_tokens(self) -> int:
+        return sum(c.length for c in self.prefill)
+
+    @property
+    def batch_size(self) -> int:
+        return len(self.prefill) + len(self.decode)
+
+    @property
+    def has_model_work(self) -> bool:
+        return bool(self.prefill or self.decode)
+
+    def sampling_rids(self) -> list[str]:
+        """Requests that get a token from this step, in batch order."""
+        return [c.rid for c in self.prefill if c.samples] + [d.rid for d in self.decode]
+
+    def to_dict(self) -> dict[str, Any]:
+        """A msgpack/JSON-friendly form (lists and scalars only)."""
+        return {
+            "step": self.step,
+            "now": self.now,
+            "prefill": [[c.rid, c.start, c.length, c.samples, list(c.pages)] for c in self.prefill],
+            "decode": [[d.rid, d.position, list(d.pages)] for d in self.decode],
+            "preempted": list(self.preempted),
+            "aborted": list(self.aborted),
+        }
+
+    @staticmethod
+    def from_dict(d: dict[str, Any]) -> Plan:
+        return Plan(
+            step=int(d["step"]),
+            now=float(d["now"]),
+            prefill=tuple(
+                PrefillChunk(rid, start, length, bool(samples), tuple(pages))
+                for rid, start, length, samples, pages in d["prefill"]
+            ),
+            decode=tuple(DecodeSlot(rid, pos, tuple(pages)) for rid, pos, pages in d["decode"]),
+            preempted=tuple(d["preempted"]),
+            aborted=tuple(d["aborted"]),
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class TokenOut:
+    """A request produced ``token``; ``first`` marks its first output token."""
+
+    rid: str
+    token: int
+    first: bool
+
+
+@dataclass(frozen=True, slots=True)
+class Finished:
+    rid: str
+    reason: FinishReason
+    num_output_tokens: int
+
+
+@dataclass(frozen=True, slots=True)
+class Preempted:
+    """The request lost its KV pages and went back to waiting (recompute)."""
+
+    rid: str
+
+
+Event = TokenOut | Finished | Preempted
+
+
+@dataclass(frozen=True, slots=True)
+class DecodeRun:
+    """``k`` identical pure-decode steps advanced at once (see ``Scheduler.advance_decode``).
+
+    ``new_pages[i]`` is the number of pages allocated at step ``i`` of the run;
+    ``context_tokens`` is the total context of the batch before the first step
+    (it grows by ``len(rids)`` per step).
+    """
+
+    first_step: int
+    k: int
+    rids: tuple[str, ...]
+    context_tokens: int
+    new_pages: tuple[int, ...] = field(default=())

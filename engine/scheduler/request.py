@@ -1,0 +1,110 @@
+"""A request as the scheduler sees it: keys, limits and state, no text and no tensors.
+
+State machine::
+
+    WAITING ──admit──► PREFILLING ──last chunk──► DECODING ──► FINISHED (length | stop)
+       ▲                   │                         │
+       └──── preempted ────┴─────────────────────────┘
+    any state ──abort──► ABORTED (pages released at the next step)
+
+The *fill* of a request is the sequence whose KV must be computed before it can
+decode: its prompt plus the tokens it has already generated (non-empty only
+after a preemption, which recomputes). The last fill chunk samples a token.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Hashable, Sequence
+from dataclasses import dataclass, field
+from enum import Enum
+
+from engine.scheduler.plan import FinishReason
+
+PageKey = Hashable
+
+
+class RequestStatus(str, Enum):
+    WAITING = "waiting"
+    PREFILLING = "prefilling"
+    DECODING = "decoding"
+    FINISHED = "finished"
+    ABORTED = "aborted"
+
+
+@dataclass(slots=True, eq=False)
+class Request:
+    """One generation request.
+
+    Prefix-cache keys come from ``prompt`` (token ids, the real engine) or, when
+    ``prompt`` is empty, from ``block_hashes`` (one id per ``block_size``-token
+    prompt block, as in Mooncake traces). ``prompt_len`` is the prompt length in
+    tokens either way. ``priority``: smaller is served first.
+    ``expected_output_len`` feeds the ``sjf`` policy (defaults to the limit).
+    """
+
+    rid: str
+    prompt_len: int
+    max_new_tokens: int
+    arrival: float = 0.0
+    prompt: Sequence[int] = ()
+    block_hashes: Sequence[int] = ()
+    block_size: int = 512
+    priority: int = 0
+    expected_output_len: int | None = None
+    stop_token_ids: frozenset[int] = frozenset()
+
+    # state, owned by the scheduler
+    status: RequestStatus = RequestStatus.WAITING
+    output: list[int] = field(default_factory=list)
+    pages: list[int] = field(default_factory=list)
+    num_computed: int = 0  # tokens whose KV is in ``pages``
+    num_cached: int = 0  # of those, tokens that came from the prefix cache at admission
+    num_shared_pages: int = 0  # leading pages owned by the radix cache, not by this request
+    seq: int = 0  # admission order among equal arrivals; set by the scheduler
+    finish_reason: FinishReason | None = None
+    num_preemptions: int = 0
+    cache_node: object | None = None  # the locked radix node of the shared prefix
+
+    @property
+    def fill_len(self) -> int:
+        """Tokens whose KV must exist before decoding: prompt plus generated output."""
+        return self.prompt_len + len(self.output)
+
+    @property
+    def seq_len(self) -> int:
+        return self.prompt_len + len(self.output)
+
+    @property
+    def remaining_tokens(self) -> int:
+        return self.max_new_tokens - len(self.output)
+
+    @property
+    def expected_remaining(self) -> int:
+        expected = self.expected_output_len
+        if expected is None:
+            expected = self.max_new_tokens
+        return max(0, expected - len(self.output))
+
+    @property
+    def is_done(self) -> bool:
+        return self.status in (RequestStatus.FINISHED, RequestStatus.ABORTED)
+
+    def page_keys(self, num_pages: int, page_size: int) -> list[PageKey]:
+        """Keys of the first ``num_pages`` full pages of the fill, as far as they are known.
+
+        Token mode: a page's key is the tuple of its token ids (prompt, then
+        output). Hash mode: ``(block_hash, page index within the block)``; only
+        prompt pages have keys there.
+        """
+        if self.prompt:
+            tokens = self.prompt
+            n_tokens = len(tokens) + len(self.output)
+            n = min(num_pages, n_tokens // page_size)
+            if self.output and n * page_size > len(tokens):
+                tokens = list(tokens) + self.output
+            return [tuple(tokens[i * page_size : (i + 1) * page_size]) for i in range(n)]
+        if not self.block_hashes:
+            return []
+        per_block = self.block_size // page_size
+        n = min(num_pages, self.prompt_len // page_size, len(self.block_hashes) * per_block)
+        return [(self.block_hashes[i // per_block], i % per_block) for i in range(n)]
