@@ -10,11 +10,15 @@ replayed from it. ``complete(plan, tokens)`` turns the sampled tokens into
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from enum import Enum
+from enum import StrEnum
 from typing import Any
 
+BLOCKED_KV_MEMORY = "kv_memory"
+BLOCKED_RUNNING_CAP = "running_cap"
+BLOCKED_PREFILL_BUDGET = "prefill_budget"
 
-class FinishReason(str, Enum):
+
+class FinishReason(StrEnum):
     LENGTH = "length"  # max_new_tokens reached
     STOP = "stop"  # a stop token (EOS or a user stop id) was sampled
     ABORT = "abort"  # aborted by the client or the server
@@ -54,6 +58,7 @@ class Plan:
     decode: tuple[DecodeSlot, ...] = ()
     preempted: tuple[str, ...] = ()  # sent back to waiting at this step
     aborted: tuple[str, ...] = ()  # released at this step
+    blocked: str = ""  # why waiting requests were not admitted: "", or a BLOCKED_* value
 
     @property
     def num_prefill_tokens(self) -> int:
@@ -80,6 +85,7 @@ class Plan:
             "decode": [[d.rid, d.position, list(d.pages)] for d in self.decode],
             "preempted": list(self.preempted),
             "aborted": list(self.aborted),
+            "blocked": self.blocked,
         }
 
     @staticmethod
@@ -94,6 +100,7 @@ class Plan:
             decode=tuple(DecodeSlot(rid, pos, tuple(pages)) for rid, pos, pages in d["decode"]),
             preempted=tuple(d["preempted"]),
             aborted=tuple(d["aborted"]),
+            blocked=str(d.get("blocked", "")),
         )
 
 

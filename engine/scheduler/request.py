@@ -16,14 +16,18 @@ from __future__ import annotations
 
 from collections.abc import Hashable, Sequence
 from dataclasses import dataclass, field
-from enum import Enum
+from enum import StrEnum
+from typing import TYPE_CHECKING
 
 from engine.scheduler.plan import FinishReason
+
+if TYPE_CHECKING:
+    from engine.scheduler.radix import RadixNode
 
 PageKey = Hashable
 
 
-class RequestStatus(str, Enum):
+class RequestStatus(StrEnum):
     WAITING = "waiting"
     PREFILLING = "prefilling"
     DECODING = "decoding"
@@ -63,7 +67,7 @@ class Request:
     seq: int = 0  # admission order among equal arrivals; set by the scheduler
     finish_reason: FinishReason | None = None
     num_preemptions: int = 0
-    cache_node: object | None = None  # the locked radix node of the shared prefix
+    cache_node: RadixNode | None = None  # the locked radix node of the shared prefix
 
     @property
     def fill_len(self) -> int:

@@ -1,0 +1,212 @@
+"""Radix prefix cache over page keys, holding KV pages by integer id.
+
+Every edge of the tree is a run of *page keys* (one key per full page of
+tokens: a tuple of token ids, or a ``(block_hash, index)`` pair) with the page
+id that holds each key's KV. Matching and insertion work on whole pages.
+
+Invariants (checked by ``engine.scheduler.invariants``):
+
+    node.ref        = number of live requests whose locked prefix passes through node
+    evictable_pages = sum of len(node.pages) over nodes with ref == 0 (root excluded)
+    cached_pages    = sum of len(node.pages) over all nodes
+    only leaves with ref == 0 are evicted, least recently used first
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections.abc import Hashable, Iterator, Sequence
+
+from engine.scheduler.pages import PageAllocator
+
+PageKey = Hashable
+
+
+class RadixNode:
+    __slots__ = ("children", "id", "keys", "last_access", "pages", "parent", "ref")
+
+    def __init__(
+        self,
+        keys: list[PageKey],
+        pages: list[int],
+        parent: RadixNode | None,
+        node_id: int,
+        last_access: int,
+    ) -> None:
+        self.keys = keys
+        self.pages = pages
+        self.parent = parent
+        self.children: dict[PageKey, RadixNode] = {}
+        self.ref = 0
+        self.id = node_id
+        self.last_access = last_access
+
+
+class RadixCache:
+    """Prefix cache whose evicted pages go back to ``allocator``.
+
+    ``tick`` values passed in order accesses for LRU; they are logical (the
+    scheduler's step counter), never a clock.
+    """
+
+    def __init__(self, allocator: PageAllocator) -> None:
+        self.allocator = allocator
+        self._next_id = 1
+        self.root = RadixNode([], [], None, 0, 0)
+        self.root.ref = 1  # the root is never evicted
+        self.cached_pages = 0
+        self.evictable_pages = 0
+
+    # ------------------------------------------------------------------ lookup
+    def match(self, keys: Sequence[PageKey], tick: int) -> tuple[list[int], RadixNode]:
+        """Pages of the longest cached prefix of ``keys`` and the node where it ends.
+
+        A partially matched edge is split so that the returned node covers the
+        prefix exactly and can be locked.
+        """
+        node = self.root
+        pages: list[int] = []
+        i = 0
+        n = len(keys)
+        while i < n:
+            child = node.children.get(keys[i])
+            if child is None:
+                break
+            common = _common_prefix(child.keys, keys, i)
+            if common < len(child.keys):
+                child = self._split(child, common)
+            child.last_access = tick
+            pages.extend(child.pages)
+            i += common
+            node = child
+        return pages, node
+
+    def match_length(self, keys: Sequence[PageKey]) -> int:
+        """Number of leading pages of ``keys`` that are cached (read-only)."""
+        node = self.root
+        i = 0
+        n = len(keys)
+        while i < n:
+            child = node.children.get(keys[i])
+            if child is None:
+                break
+            common = _common_prefix(child.keys, keys, i)
+            i += common
+            if common < len(child.keys):
+                break
+            node = child
+        return i
+
+    # ------------------------------------------------------------------ locks
+    def lock(self, node: RadixNode) -> None:
+        while node is not self.root:
+            if node.ref == 0:
+                self.evictable_pages -= len(node.pages)
+            node.ref += 1
+            assert node.parent is not None
+            node = node.parent
+
+    def unlock(self, node: RadixNode) -> None:
+        while node is not self.root:
+            node.ref -= 1
+            if node.ref == 0:
+                self.evictable_pages += len(node.pages)
+            assert node.parent is not None
+            node = node.parent
+
+    # ------------------------------------------------------------------ insert
+    def insert(self, keys: Sequence[PageKey], pages: Sequence[int], tick: int) -> list[int]:
+        """Adopt ``pages[i]`` as the KV of ``keys[i]``; return the pages not adopted.
+
+        Where the tree already holds a key, it keeps its own page; the caller's
+        page for that key is returned unless it is the very same page (a page
+        the caller had matched from the cache).
+        """
+        assert len(keys) == len(pages)
+        node = self.root
+        rejected: list[int] = []
+        i = 0
+        n = len(keys)
+        while i < n:
+            child = node.children.get(keys[i])
+            if child is None:
+                new = RadixNode(list(keys[i:]), list(pages[i:]), node, self._next_id, tick)
+                self._next_id += 1
+                node.children[keys[i]] = new
+                self.cached_pages += n - i
+                self.evictable_pages += n - i
+                return rejected
+            common = _common_prefix(child.keys, keys, i)
+            if common < len(child.keys):
+                child = self._split(child, common)
+            child.last_access = tick
+            for own, theirs in zip(child.pages, pages[i : i + common], strict=True):
+                if own != theirs:
+                    rejected.append(theirs)
+            i += common
+            node = child
+        return rejected
+
+    # ------------------------------------------------------------------ evict
+    def evict(self, num_pages: int) -> int:
+        """Free at least ``num_pages`` pages from unreferenced leaves, LRU first.
+
+        Returns how many pages were freed (less than asked if not enough are
+        evictable). Whole nodes are evicted.
+        """
+        if num_pages <= 0 or self.evictable_pages == 0:
+            return 0
+        heap = [(n.last_access, n.id, n) for n in self._leaves() if n.ref == 0]
+        heapq.heapify(heap)
+        freed = 0
+        while freed < num_pages and heap:
+            _, _, leaf = heapq.heappop(heap)
+            parent = leaf.parent
+            assert parent is not None
+            del parent.children[leaf.keys[0]]
+            self.allocator.free(leaf.pages)
+            freed += len(leaf.pages)
+            self.cached_pages -= len(leaf.pages)
+            self.evictable_pages -= len(leaf.pages)
+            if parent is not self.root and not parent.children and parent.ref == 0:
+                heapq.heappush(heap, (parent.last_access, parent.id, parent))
+        return freed
+
+    # ------------------------------------------------------------------ helpers
+    def _split(self, child: RadixNode, at: int) -> RadixNode:
+        """Cut ``child``'s edge after ``at`` keys; return the new upper node."""
+        parent = child.parent
+        assert parent is not None and 0 < at < len(child.keys)
+        upper = RadixNode(
+            child.keys[:at], child.pages[:at], parent, self._next_id, child.last_access
+        )
+        self._next_id += 1
+        upper.ref = child.ref
+        parent.children[child.keys[0]] = upper
+        child.keys = child.keys[at:]
+        child.pages = child.pages[at:]
+        child.parent = upper
+        upper.children[child.keys[0]] = child
+        return upper
+
+    def nodes(self) -> Iterator[RadixNode]:
+        """All nodes except the root, parents before children."""
+        stack = list(self.root.children.values())
+        while stack:
+            node = stack.pop()
+            yield node
+            stack.extend(node.children.values())
+
+    def _leaves(self) -> Iterator[RadixNode]:
+        return (n for n in self.nodes() if not n.children)
+
+    def all_pages(self) -> list[int]:
+        return [p for n in self.nodes() for p in n.pages]
+
+
+def _common_prefix(edge: list[PageKey], keys: Sequence[PageKey], start: int) -> int:
+    limit = min(len(edge), len(keys) - start)
+    i = 0
+    while i < limit and edge[i] == keys[start + i]:
+        i += 1
+    return i
