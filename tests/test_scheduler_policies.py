@@ -156,3 +156,19 @@ def test_plan_round_trips_through_a_dict() -> None:
     s.add(req("a", 5))
     plan = s.schedule(0.5)
     assert Plan.from_dict(plan.to_dict()) == plan
+
+
+def test_decode_run_goes_on_while_the_queue_head_lacks_memory() -> None:
+    s = Scheduler(SchedulerConfig(num_pages=10, page_size=4, prefix_cache=False))
+    s.add(req("a", 16, out=9))
+    plan = s.schedule(0.0)
+    s.complete(plan, None)
+    s.add(req("big", 28, out=4, t=1.0, base=40))  # needs 7 pages to start; 6 are free
+    assert s.decode_run_length(100) == 7  # a's last token is a normal step
+    run = s.advance_decode(7, 1.0)
+    assert run.new_pages == (1, 0, 0, 0, 1, 0, 0)
+    plan = s.schedule(2.0)
+    assert [d.rid for d in plan.decode] == ["a"] and plan.blocked == BLOCKED_KV_MEMORY
+    events = s.complete(plan, None)
+    assert Finished("a", FinishReason.LENGTH, 9) in events
+    assert [c.rid for c in s.schedule(3.0).prefill] == ["big"]

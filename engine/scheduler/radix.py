@@ -83,8 +83,17 @@ class RadixCache:
 
     def match_length(self, keys: Sequence[PageKey]) -> int:
         """Number of leading pages of ``keys`` that are cached (read-only)."""
+        return self.probe(keys)[0]
+
+    def probe(self, keys: Sequence[PageKey]) -> tuple[int, int]:
+        """Read-only match: (cached leading pages, of those, pages now evictable).
+
+        The second figure is what locking the match would take out of
+        ``evictable_pages``.
+        """
         node = self.root
         i = 0
+        evictable = 0
         n = len(keys)
         while i < n:
             child = node.children.get(keys[i])
@@ -92,10 +101,12 @@ class RadixCache:
                 break
             common = _common_prefix(child.keys, keys, i)
             i += common
+            if child.ref == 0:
+                evictable += common
             if common < len(child.keys):
                 break
             node = child
-        return i
+        return i, evictable
 
     # ------------------------------------------------------------------ locks
     def lock(self, node: RadixNode) -> None:

@@ -22,7 +22,7 @@ so later chunks never allocate; only decode grows a request.
 from __future__ import annotations
 
 import bisect
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping, Sequence
 
 from engine.scheduler.config import SchedulerConfig, SchedulerStats
 from engine.scheduler.pages import PageAllocator
@@ -182,17 +182,7 @@ class Scheduler:
         if not self._waiting:
             return ""
         cap = self.config.max_running
-        cache = self.cache
-        ps = self.page_size
-
-        def match_pages(r: Request) -> int:
-            return cache.match_length(r.page_keys((r.fill_len - 1) // ps, ps)) if cache else 0
-
-        candidates: Iterable[Request]
-        if self.policy.reorders:
-            candidates = self.policy.order(self.waiting(), match_pages)
-        else:
-            candidates = [r for _, r in self._waiting[: cap - len(self.running) + 1]]
+        candidates = self._candidates()
         admitted: list[Request] = []
         blocked = ""
         for req in candidates:
@@ -208,10 +198,25 @@ class Scheduler:
             admitted.append(req)
             self.running[req.rid] = req
             budget -= self._chunk(req, budget, chunks)
-        if admitted:
+        if admitted and not self.policy.reorders:
+            del self._waiting[: len(admitted)]  # admission took a prefix of the queue
+        elif admitted:
             gone = {r.rid for r in admitted}
             self._waiting = [e for e in self._waiting if e[1].rid not in gone]
         return blocked
+
+    def _candidates(self) -> Sequence[Request]:
+        """Waiting requests in the order admission tries them (enough to hit the cap)."""
+        if self.policy.reorders:
+            return self.policy.order(self.waiting(), self._cached_pages_of)
+        room = self.config.max_running - len(self.running)
+        return [r for _, r in self._waiting[: max(room, 0) + 1]]
+
+    def _cached_pages_of(self, req: Request) -> int:
+        if self.cache is None:
+            return 0
+        ps = self.page_size
+        return self.cache.match_length(req.page_keys((req.fill_len - 1) // ps, ps))
 
     def _allocate_fill(self, req: Request) -> bool:
         """Give ``req`` its cached prefix plus fresh pages for the rest of its fill."""
@@ -364,8 +369,13 @@ class Scheduler:
         """
         if self._aborted or not self.running or max_steps <= 0:
             return 0
+        evictions_allowed = True
         if self._waiting and len(self.running) < self.config.max_running:
-            return 0
+            if not self._head_exceeds_memory():
+                return 0
+            # the head stays out while memory only shrinks; under a reordering policy the
+            # order may change with the cache, so the run must not evict
+            evictions_allowed = not self.policy.reorders
         k = max_steps
         for req in self.running.values():
             if req.status is not RequestStatus.DECODING:
@@ -373,7 +383,9 @@ class Scheduler:
             k = min(k, req.remaining_tokens - 1)
         if k <= 0:
             return 0
-        available = self.allocator.num_free + (self.cache.evictable_pages if self.cache else 0)
+        available = self.allocator.num_free
+        if self.cache is not None and evictions_allowed:
+            available += self.cache.evictable_pages
         if self._pages_needed(k) <= available:
             return k
         lo, hi = 0, k  # largest k' with pages_needed(k') <= available
@@ -384,6 +396,18 @@ class Scheduler:
             else:
                 hi = mid - 1
         return lo
+
+    def _head_exceeds_memory(self) -> bool:
+        """Whether the request that admission would try first lacks KV pages right now."""
+        ps = self.page_size
+        head = self._candidates()[0]
+        available = self.allocator.num_free
+        matched = 0
+        if self.cache is not None:
+            keys = head.page_keys((head.fill_len - 1) // ps, ps)
+            matched, locked = self.cache.probe(keys)
+            available += self.cache.evictable_pages - locked
+        return _pages_for(head.fill_len, ps) - matched > available
 
     def _pages_needed(self, k: int) -> int:
         ps = self.page_size
