@@ -1,0 +1,55 @@
+"""The attention backend interface and its registry.
+
+A backend owns the way attention reads the paged KV pool. Per step the runner
+calls ``prepare(batch)`` once (build index tensors, or plan kernels such as
+FlashInfer's ``plan()``), then every layer calls ``forward(layer, q, k, v)``,
+which stores the new K/V at ``batch.slots`` and attends each row to its own
+sequence: causally within a prefill chunk, and to every earlier position
+already in the pool (prefix-cache hits, earlier chunks, decode context).
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+
+import torch
+
+from engine.attention.batch import ForwardBatch
+from engine.kvcache.pool import KVPool
+
+
+class AttentionBackend(ABC):
+    name: str = ""
+
+    def __init__(self, pool: KVPool, num_q_heads: int, scale: float) -> None:
+        self.pool = pool
+        self.num_q_heads = num_q_heads
+        self.scale = scale
+
+    @abstractmethod
+    def prepare(self, batch: ForwardBatch) -> None:
+        """Build per-step metadata shared by all layers."""
+
+    @abstractmethod
+    def forward(
+        self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
+    ) -> torch.Tensor:
+        """Write ``k``/``v`` (``[T, kv_heads, D]``) to the pool, return ``[T, q_heads, D]``."""
+
+
+ATTENTION_BACKENDS: dict[str, type[AttentionBackend]] = {}
+
+
+def register_backend(cls: type[AttentionBackend]) -> type[AttentionBackend]:
+    """Class decorator: make a backend available under ``cls.name``."""
+    ATTENTION_BACKENDS[cls.name] = cls
+    return cls
+
+
+def get_backend(name: str) -> type[AttentionBackend]:
+    try:
+        return ATTENTION_BACKENDS[name]
+    except KeyError:
+        raise ValueError(
+            f"unknown attention backend {name!r}; available: {sorted(ATTENTION_BACKENDS)}"
+        ) from None

@@ -1,0 +1,117 @@
+"""The detokenizer process: ``TokenBatch`` from the scheduler -> ``TextBatch`` to the frontend.
+
+Per request it keeps an ``IncrementalDecoder`` and a ``StopMatcher``. When a
+stop string matches, the request finishes here with reason ``stop`` and the
+scheduler is told to abort it (freeing its pages); tokens of that request
+still in flight are dropped.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import OrderedDict
+from dataclasses import dataclass
+from typing import Any
+
+import msgspec
+import zmq
+
+from engine import messages
+from engine.detokenizer.incremental import IncrementalDecoder
+from engine.detokenizer.stop import StopMatcher
+from engine.launch.child import report_ready
+from engine.launch.config import ServeConfig
+
+log = logging.getLogger(__name__)
+MAX_STOPPED = 4096
+
+
+@dataclass
+class DetokState:
+    decoder: IncrementalDecoder
+    stop: StopMatcher
+
+
+class Detokenizer:
+    """Turns token items into text items; returns the rids the scheduler must abort."""
+
+    def __init__(self, tokenizer: Any) -> None:
+        self.tokenizer = tokenizer
+        self.states: dict[str, DetokState] = {}
+        self.stopped: OrderedDict[str, None] = OrderedDict()
+
+    def process(self, batch: messages.TokenBatch) -> tuple[list[messages.TextItem], list[str]]:
+        out: list[messages.TextItem] = []
+        aborts: list[str] = []
+        for item in batch.items:
+            if item.rid in self.stopped:
+                if item.finish_reason is not None:
+                    del self.stopped[item.rid]
+                continue
+            text_item = self.process_item(item)
+            if text_item.finish_reason == "stop" and item.finish_reason is None:
+                aborts.append(item.rid)
+                self.stopped[item.rid] = None
+                while len(self.stopped) > MAX_STOPPED:
+                    self.stopped.popitem(last=False)
+            out.append(text_item)
+        return out, aborts
+
+    def process_item(self, item: messages.TokenItem) -> messages.TextItem:
+        state = self.states.get(item.rid)
+        if state is None:
+            state = DetokState(IncrementalDecoder(self.tokenizer), StopMatcher(item.stop or []))
+            self.states[item.rid] = state
+        finish = item.finish_reason
+        delta = state.decoder.push(item.token_ids) if item.token_ids else ""
+        if finish is not None:
+            delta += state.decoder.flush()
+        text, matched = state.stop.feed(delta)
+        if matched:
+            finish = "stop"
+        elif finish is not None:
+            text += state.stop.flush()
+        if finish is not None:
+            del self.states[item.rid]
+        return messages.TextItem(
+            rid=item.rid,
+            text=text,
+            token_ids=item.token_ids,
+            token_times=item.token_times,
+            finish_reason=finish,
+            prompt_tokens=item.prompt_tokens,
+            cached_tokens=item.cached_tokens,
+            tokenized=item.tokenized,
+            first_scheduled=item.first_scheduled,
+            finished=item.finished,
+            error=item.error,
+        )
+
+
+def run_detokenizer(cfg: ServeConfig) -> None:
+    from engine.tokenizer.prompt import load_tokenizer
+
+    detok = Detokenizer(load_tokenizer(cfg.model_path))
+    ctx = zmq.Context()
+    inbox = ctx.socket(zmq.PULL)
+    inbox.bind(cfg.detokenizer_addr)
+    to_frontend = ctx.socket(zmq.PUSH)
+    to_frontend.connect(cfg.frontend_addr)
+    to_scheduler = ctx.socket(zmq.PUSH)
+    to_scheduler.connect(cfg.scheduler_addr)
+    report_ready(cfg, ctx, "detokenizer", 0)
+    while True:
+        try:
+            msg = messages.decode(inbox.recv())
+        except msgspec.DecodeError as exc:
+            log.error("dropped an undecodable message: %s", exc)
+            continue
+        if not isinstance(msg, messages.TokenBatch):
+            log.error("unexpected message %s", type(msg).__name__)
+            continue
+        items, aborts = detok.process(msg)
+        for rid in aborts:
+            log.info("rid %s matched a stop string; aborting it", rid)
+            to_scheduler.send(messages.encode(messages.AbortRequest(rid=rid, reason="stop string")))
+        if items:
+            to_frontend.send(messages.encode(messages.TextBatch(items=items)))

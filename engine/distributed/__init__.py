@@ -1,0 +1,1 @@
+"""Tensor-parallel partitioning and the process group the model's collectives use."""

@@ -1,0 +1,204 @@
+"""``engine serve``: parse options, start the children, serve HTTP, stop everything at exit."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import signal
+import socket
+import sys
+import threading
+from pathlib import Path
+from types import FrameType
+
+import uvicorn
+import zmq
+
+from engine.launch.config import ServeConfig
+from engine.launch.launcher import ChildDied, Launcher
+from engine.launch.rundir import make_run_dir, remove_run_dir
+from engine.models.setup import ModelNotFoundError, ensure_model
+
+log = logging.getLogger("engine.serve")
+LOG_LEVELS = ("debug", "info", "warning", "error")
+
+
+def positive_int(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
+    return value
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="engine serve", description="Serve a model over HTTP.")
+    p.add_argument("--model", required=True, help="known model name or HF folder")
+    p.add_argument("--device", default="cpu", choices=("cpu", "cuda"))
+    p.add_argument("--tp", type=positive_int, default=1, help="tensor-parallel degree")
+    p.add_argument("--num-tokenizers", type=positive_int, default=1)
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--port", type=int, default=8000, help="0 picks a free port")
+    p.add_argument("--policy", default="fcfs", help="scheduling policy (fcfs, lpm, priority, sjf)")
+    p.add_argument("--dummy-weights", action="store_true", help="random weights, real shapes")
+    p.add_argument("--api-key", default=None, help="require 'Authorization: Bearer KEY'")
+    p.add_argument("--max-running", type=positive_int, default=256)
+    p.add_argument("--max-prefill-tokens", type=positive_int, default=8192)
+    p.add_argument(
+        "--num-pages",
+        type=positive_int,
+        default=None,
+        help="KV pages (default: sized by the runner)",
+    )
+    p.add_argument("--page-size", type=positive_int, default=16)
+    p.add_argument("--no-prefix-cache", action="store_true")
+    p.add_argument("--dtype", default="float32", choices=("float32", "bfloat16", "float16"))
+    p.add_argument("--max-model-len", type=positive_int, default=None)
+    p.add_argument("--cpu-threads", type=positive_int, default=None, help="torch threads per rank")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--ready-timeout", type=float, default=600.0)
+    p.add_argument("--log-level", default="info", choices=LOG_LEVELS)
+    return p
+
+
+def model_context_len(model_path: Path) -> int:
+    config = json.loads((model_path / "config.json").read_text())
+    for key in ("max_position_embeddings", "n_positions", "max_sequence_length"):
+        if isinstance(config.get(key), int):
+            return int(config[key])
+    raise ValueError(f"{model_path}/config.json names no context length")
+
+
+def free_tcp_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def bind_listener(host: str, port: int) -> socket.socket:
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind((host, port))
+    sock.set_inheritable(False)
+    return sock
+
+
+def make_config(
+    args: argparse.Namespace, model_path: Path, run_dir: Path, port: int
+) -> ServeConfig:
+    context_len = model_context_len(model_path)
+    max_model_len = min(args.max_model_len or context_len, context_len)
+    return ServeConfig(
+        model=args.model,
+        model_path=str(model_path),
+        run_dir=str(run_dir),
+        parent_pid=os.getpid(),
+        max_model_len=max_model_len,
+        device=args.device,
+        dtype=args.dtype,
+        tp_size=args.tp,
+        num_tokenizers=args.num_tokenizers,
+        host=args.host,
+        port=port,
+        policy=args.policy,
+        dummy_weights=args.dummy_weights,
+        api_key=args.api_key,
+        max_running=args.max_running,
+        max_prefill_tokens=args.max_prefill_tokens,
+        num_pages=args.num_pages,
+        page_size=args.page_size,
+        prefix_cache=not args.no_prefix_cache,
+        cpu_threads=args.cpu_threads,
+        seed=args.seed,
+        dist_init=f"tcp://127.0.0.1:{free_tcp_port()}" if args.tp > 1 else "",
+        log_level=args.log_level,
+    )
+
+
+class ShutdownRequested(Exception):
+    """SIGINT or SIGTERM arrived: stop everything and exit cleanly."""
+
+
+def _on_signal(signum: int, frame: FrameType | None) -> None:
+    raise ShutdownRequested(signal.Signals(signum).name)
+
+
+def serve_main(argv: list[str] | None = None) -> int:
+    """Run the server until SIGINT/SIGTERM or a child dies; returns the exit status."""
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    logging.basicConfig(
+        level=args.log_level.upper(),
+        format="%(asctime)s frontend %(levelname)s %(name)s: %(message)s",
+        stream=sys.stderr,
+    )
+    from engine.scheduler import POLICIES
+
+    if args.policy not in POLICIES:
+        parser.exit(2, f"error: unknown policy {args.policy!r}; choose from {sorted(POLICIES)}\n")
+    try:
+        model_path = ensure_model(args.model)
+    except ModelNotFoundError as exc:
+        parser.exit(2, f"error: {exc}\n")
+    try:
+        listener = bind_listener(args.host, args.port)
+    except OSError as exc:
+        parser.exit(2, f"error: cannot listen on {args.host}:{args.port}: {exc}\n")
+    port = int(listener.getsockname()[1])
+
+    signal.signal(signal.SIGTERM, _on_signal)
+    signal.signal(signal.SIGINT, _on_signal)
+    run_dir = make_run_dir()
+    cfg = make_config(args, model_path, run_dir, port)
+    log.info("run dir %s", run_dir)
+    launcher = Launcher(cfg)
+    ctx = zmq.Context()
+    status = 0
+    try:
+        launcher.start()
+        launcher.wait_ready(ctx, args.ready_timeout)
+        status = run_frontend(cfg, launcher, listener)
+    except ChildDied as exc:
+        log.error("%s", exc)
+        status = 1
+    except TimeoutError as exc:
+        log.error("%s", exc)
+        status = 1
+    except ShutdownRequested as exc:
+        log.info("%s received; shutting down", exc)
+    finally:
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+        launcher.stop()
+        listener.close()
+        ctx.term()
+        remove_run_dir(run_dir)
+        log.info("stopped")
+    return status
+
+
+def run_frontend(cfg: ServeConfig, launcher: Launcher, listener: socket.socket) -> int:
+    """Serve HTTP in this process until told to stop; 1 if a child died."""
+    from engine.server.app import create_app
+
+    app = create_app(cfg, health=lambda: launcher.dead)
+    config = uvicorn.Config(
+        app,
+        log_level=cfg.log_level,
+        timeout_graceful_shutdown=3,
+        access_log=cfg.log_level == "debug",
+    )
+    server = uvicorn.Server(config)
+    launcher.watch(lambda _: setattr(server, "should_exit", True))
+
+    def announce() -> None:
+        while not server.started and not server.should_exit:
+            threading.Event().wait(0.05)
+        if server.started:
+            print(f"engine serving {cfg.model} at http://{cfg.host}:{cfg.port}", flush=True)
+
+    threading.Thread(target=announce, name="announce", daemon=True).start()
+    server.run(sockets=[listener])
+    return 1 if launcher.dead else 0

@@ -1,0 +1,152 @@
+"""Typed messages between the serving processes, encoded with msgpack (never pickle).
+
+Every message that concerns a request carries its ``rid``. The path of a request::
+
+    frontend ──GenerateRequest──► tokenizer ──TokenizedRequest──► scheduler rank 0
+    frontend ──AbortRequest─────► tokenizer ──AbortRequest──────► scheduler rank 0
+    scheduler ──TokenBatch──► detokenizer ──TextBatch──► frontend
+    detokenizer ──AbortRequest──► scheduler            (a stop string matched)
+    tokenizer ──TextBatch(error)──► frontend           (the prompt was rejected)
+    scheduler ──StatsUpdate──► frontend                (for /metrics)
+    every child ──Ready──► launcher                    (after loading)
+
+An abort travels through the same tokenizer worker as its request, so the
+scheduler never sees an abort before the request it cancels.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import msgspec
+
+from engine.sampling.params import SamplingParams
+
+
+class ChatMessage(msgspec.Struct, frozen=True):
+    role: str
+    content: str
+
+
+class GenerateRequest(msgspec.Struct, tag=True):
+    """A request as the frontend received it: text, chat messages or token ids."""
+
+    rid: str
+    sampling: SamplingParams
+    received: float
+    text: str | None = None
+    messages: list[ChatMessage] | None = None
+    input_ids: list[int] | None = None
+    priority: int = 0
+    max_tokens_explicit: bool = True  # False: shrink max_new_tokens to fit the context
+
+
+class TokenizedRequest(msgspec.Struct, tag=True):
+    rid: str
+    input_ids: list[int]
+    sampling: SamplingParams
+    received: float
+    tokenized: float
+    priority: int = 0
+
+
+class AbortRequest(msgspec.Struct, tag=True):
+    rid: str
+    reason: str = "client disconnected"
+
+
+class TokenItem(msgspec.Struct):
+    """New tokens of one request from one scheduler step (or its end).
+
+    ``stop`` (the stop strings) rides along on the request's first item so the
+    detokenizer needs no other channel. ``error`` set means the request was
+    rejected and never ran.
+    """
+
+    rid: str
+    token_ids: list[int]
+    token_times: list[float]
+    finish_reason: str | None = None
+    prompt_tokens: int = 0
+    cached_tokens: int = 0
+    tokenized: float | None = None
+    first_scheduled: float | None = None
+    finished: float | None = None
+    stop: list[str] | None = None
+    error: str | None = None
+
+
+class TokenBatch(msgspec.Struct, tag=True):
+    items: list[TokenItem]
+
+
+class TextItem(msgspec.Struct):
+    """New text of one request; ``token_ids`` are the tokens that produced it."""
+
+    rid: str
+    text: str
+    token_ids: list[int]
+    token_times: list[float]
+    finish_reason: str | None = None
+    prompt_tokens: int = 0
+    cached_tokens: int = 0
+    tokenized: float | None = None
+    first_scheduled: float | None = None
+    finished: float | None = None
+    error: str | None = None
+    error_status: int = 400
+
+
+class TextBatch(msgspec.Struct, tag=True):
+    items: list[TextItem]
+
+
+class StatsUpdate(msgspec.Struct, tag=True):
+    """The scheduler core's counters (``SchedulerStats``) at one moment."""
+
+    time: float
+    num_pages: int
+    pages_used: int
+    pages_free: int
+    pages_cached: int
+    num_waiting: int
+    num_running: int
+    prompt_tokens: int
+    cached_tokens: int
+
+
+class Ready(msgspec.Struct, tag=True):
+    """A child finished loading; ``info`` holds what the launcher may need."""
+
+    role: str
+    rank: int
+    pid: int
+    info: dict[str, Any] = {}
+
+
+class Shutdown(msgspec.Struct, tag=True):
+    reason: str = ""
+
+
+Message = (
+    GenerateRequest
+    | TokenizedRequest
+    | AbortRequest
+    | TokenBatch
+    | TextBatch
+    | StatsUpdate
+    | Ready
+    | Shutdown
+)
+
+_encoder = msgspec.msgpack.Encoder()
+_decoder: msgspec.msgpack.Decoder[Message] = msgspec.msgpack.Decoder(Message)
+
+
+def encode(msg: Message) -> bytes:
+    return _encoder.encode(msg)
+
+
+def decode(data: bytes) -> Message:
+    """Decode one message; raises ``msgspec.DecodeError`` on bytes that are not one."""
+    return _decoder.decode(data)

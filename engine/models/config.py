@@ -1,0 +1,253 @@
+"""The shape of a Llama-family model (Llama, Qwen2, Qwen3), read from an HF config.json.
+
+Presets give real shapes without any file, for dummy-weight runs and cost models.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3")
+
+
+@dataclass(frozen=True, slots=True)
+class RopeScaling:
+    """Rotary frequency scaling. ``rope_type`` is ``default`` or ``llama3`` (Llama 3.1)."""
+
+    rope_type: str = "default"
+    factor: float = 1.0
+    low_freq_factor: float = 1.0
+    high_freq_factor: float = 4.0
+    original_max_position_embeddings: int = 8192
+
+
+@dataclass(frozen=True, slots=True)
+class ModelConfig:
+    """Shapes and numerical details of a decoder-only Llama-family transformer.
+
+    ``qkv_bias``: q/k/v projections have a bias (Qwen2; Llama with ``attention_bias``).
+    ``o_bias``: the output projection has one too (Llama ``attention_bias`` only).
+    ``qk_norm``: per-head RMSNorm on q and k before rotary (Qwen3).
+    """
+
+    model_type: str
+    hidden_size: int
+    num_layers: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    intermediate_size: int
+    vocab_size: int
+    rope_theta: float = 10000.0
+    rope_scaling: RopeScaling = field(default_factory=RopeScaling)
+    rms_norm_eps: float = 1e-6
+    tie_word_embeddings: bool = False
+    qkv_bias: bool = False
+    o_bias: bool = False
+    mlp_bias: bool = False
+    qk_norm: bool = False
+    max_position_embeddings: int = 4096
+    eos_token_ids: tuple[int, ...] = ()
+    bos_token_id: int | None = None
+    dtype: str = "bfloat16"
+
+    def __post_init__(self) -> None:
+        if self.model_type not in SUPPORTED_MODEL_TYPES:
+            raise ValueError(
+                f"unsupported model_type {self.model_type!r}; supported: {SUPPORTED_MODEL_TYPES}"
+            )
+        if self.num_heads % self.num_kv_heads:
+            raise ValueError(
+                f"num_heads ({self.num_heads}) must be a multiple of num_kv_heads "
+                f"({self.num_kv_heads})"
+            )
+
+    @property
+    def num_params(self) -> int:
+        """Parameter count of the full model (tied embeddings counted once)."""
+        h, d = self.hidden_size, self.head_dim
+        attn = h * d * (self.num_heads * 2 + self.num_kv_heads * 2)
+        mlp = 3 * h * self.intermediate_size
+        per_layer = attn + mlp + 2 * h
+        if self.qk_norm:
+            per_layer += 2 * d
+        if self.qkv_bias:
+            per_layer += (self.num_heads + 2 * self.num_kv_heads) * d
+        if self.o_bias:
+            per_layer += h
+        if self.mlp_bias:
+            per_layer += 2 * self.intermediate_size + h
+        embed = self.vocab_size * h * (1 if self.tie_word_embeddings else 2)
+        return self.num_layers * per_layer + embed + h
+
+    def kv_bytes_per_token(self, dtype_bytes: int, tp_size: int = 1) -> int:
+        """KV-cache bytes one token takes on one rank (K and V, all layers)."""
+        from engine.distributed.parallel import head_partition
+
+        kv_local = max(
+            head_partition(self.num_heads, self.num_kv_heads, tp_size, r).kv_count
+            for r in range(tp_size)
+        )
+        return 2 * self.num_layers * kv_local * self.head_dim * dtype_bytes
+
+    @staticmethod
+    def from_hf(cfg: dict[str, Any]) -> ModelConfig:
+        """Build from the dict of an HF config.json (transformers 4.x and 5.x keys)."""
+        model_type = str(cfg.get("model_type", ""))
+        num_heads = int(cfg["num_attention_heads"])
+        hidden = int(cfg["hidden_size"])
+        rope = dict(cfg.get("rope_parameters") or {})
+        scaling_src = cfg.get("rope_scaling") or rope
+        theta = float(cfg.get("rope_theta") or rope.get("rope_theta") or 10000.0)
+        rope_type = str(scaling_src.get("rope_type", scaling_src.get("type", "default")))
+        if rope_type not in ("default", "llama3"):
+            raise ValueError(f"unsupported rope scaling type {rope_type!r}")
+        scaling = RopeScaling(rope_type=rope_type)
+        if rope_type == "llama3":
+            scaling = RopeScaling(
+                rope_type="llama3",
+                factor=float(scaling_src["factor"]),
+                low_freq_factor=float(scaling_src.get("low_freq_factor", 1.0)),
+                high_freq_factor=float(scaling_src.get("high_freq_factor", 4.0)),
+                original_max_position_embeddings=int(
+                    scaling_src.get("original_max_position_embeddings", 8192)
+                ),
+            )
+        eos = cfg.get("eos_token_id")
+        eos_ids = tuple(int(e) for e in (eos if isinstance(eos, list) else [eos]) if e is not None)
+        attention_bias = bool(cfg.get("attention_bias", False))
+        dtype = str(cfg.get("dtype") or cfg.get("torch_dtype") or "bfloat16")
+        return ModelConfig(
+            model_type=model_type,
+            hidden_size=hidden,
+            num_layers=int(cfg["num_hidden_layers"]),
+            num_heads=num_heads,
+            num_kv_heads=int(cfg.get("num_key_value_heads") or num_heads),
+            head_dim=int(cfg.get("head_dim") or hidden // num_heads),
+            intermediate_size=int(cfg["intermediate_size"]),
+            vocab_size=int(cfg["vocab_size"]),
+            rope_theta=theta,
+            rope_scaling=scaling,
+            rms_norm_eps=float(cfg.get("rms_norm_eps", 1e-6)),
+            tie_word_embeddings=bool(cfg.get("tie_word_embeddings", False)),
+            qkv_bias=model_type == "qwen2" or attention_bias,
+            o_bias=model_type in ("llama", "mistral") and attention_bias,
+            mlp_bias=bool(cfg.get("mlp_bias", False)),
+            qk_norm=model_type == "qwen3",
+            max_position_embeddings=int(cfg.get("max_position_embeddings", 4096)),
+            eos_token_ids=eos_ids,
+            bos_token_id=cfg.get("bos_token_id"),
+            dtype=dtype,
+        )
+
+    @staticmethod
+    def from_dir(path: str | Path) -> ModelConfig:
+        """Read ``config.json`` (and the EOS ids of ``generation_config.json``) of a folder."""
+        folder = Path(path)
+        config_file = folder / "config.json"
+        if not config_file.is_file():
+            raise FileNotFoundError(f"no config.json in {folder}")
+        config = ModelConfig.from_hf(json.loads(config_file.read_text()))
+        gen_file = folder / "generation_config.json"
+        if gen_file.is_file():
+            eos = json.loads(gen_file.read_text()).get("eos_token_id")
+            if eos is not None:
+                extra = eos if isinstance(eos, list) else [eos]
+                merged = tuple(dict.fromkeys([*config.eos_token_ids, *map(int, extra)]))
+                config = replace(config, eos_token_ids=merged)
+        return config
+
+
+PRESETS: dict[str, ModelConfig] = {
+    "llama-3.1-8b": ModelConfig(
+        model_type="llama",
+        hidden_size=4096,
+        num_layers=32,
+        num_heads=32,
+        num_kv_heads=8,
+        head_dim=128,
+        intermediate_size=14336,
+        vocab_size=128256,
+        rope_theta=500000.0,
+        rope_scaling=RopeScaling("llama3", 8.0, 1.0, 4.0, 8192),
+        rms_norm_eps=1e-5,
+        max_position_embeddings=131072,
+        eos_token_ids=(128001, 128008, 128009),
+        bos_token_id=128000,
+    ),
+    "qwen3-0.6b": ModelConfig(
+        model_type="qwen3",
+        hidden_size=1024,
+        num_layers=28,
+        num_heads=16,
+        num_kv_heads=8,
+        head_dim=128,
+        intermediate_size=3072,
+        vocab_size=151936,
+        rope_theta=1000000.0,
+        rms_norm_eps=1e-6,
+        tie_word_embeddings=True,
+        qk_norm=True,
+        max_position_embeddings=40960,
+        eos_token_ids=(151645, 151643),
+    ),
+    "qwen2-0.5b": ModelConfig(
+        model_type="qwen2",
+        hidden_size=896,
+        num_layers=24,
+        num_heads=14,
+        num_kv_heads=2,
+        head_dim=64,
+        intermediate_size=4864,
+        vocab_size=151936,
+        rope_theta=1000000.0,
+        rms_norm_eps=1e-6,
+        tie_word_embeddings=True,
+        qkv_bias=True,
+        max_position_embeddings=32768,
+        eos_token_ids=(151645, 151643),
+    ),
+    "tiny-llama": ModelConfig(
+        model_type="llama",
+        hidden_size=64,
+        num_layers=2,
+        num_heads=4,
+        num_kv_heads=2,
+        head_dim=16,
+        intermediate_size=128,
+        vocab_size=512,
+        rope_theta=500000.0,
+        rope_scaling=RopeScaling("llama3", 8.0, 1.0, 4.0, 64),
+        rms_norm_eps=1e-5,
+        max_position_embeddings=2048,
+        eos_token_ids=(2,),
+        dtype="float32",
+    ),
+    "tiny-qwen3": ModelConfig(
+        model_type="qwen3",
+        hidden_size=64,
+        num_layers=2,
+        num_heads=4,
+        num_kv_heads=2,
+        head_dim=32,
+        intermediate_size=128,
+        vocab_size=512,
+        rope_theta=1000000.0,
+        tie_word_embeddings=True,
+        qk_norm=True,
+        max_position_embeddings=2048,
+        eos_token_ids=(2,),
+        dtype="float32",
+    ),
+}
+
+
+def get_preset(name: str) -> ModelConfig:
+    """A preset architecture by name (``llama-3.1-8b``, ``qwen3-0.6b``, ``tiny-llama``, ...)."""
+    try:
+        return PRESETS[name.lower()]
+    except KeyError:
+        raise ValueError(f"unknown model preset {name!r}; known: {sorted(PRESETS)}") from None

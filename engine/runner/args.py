@@ -1,0 +1,68 @@
+"""Arguments that build a model runner (the same on every tensor-parallel rank)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+DTYPES: dict[str, torch.dtype] = {
+    "float32": torch.float32,
+    "bfloat16": torch.bfloat16,
+    "float16": torch.float16,
+}
+
+
+@dataclass
+class RunnerArgs:
+    """``model``: a known model name, an HF folder, or (with ``dummy_weights``) a preset name.
+
+    ``dtype`` ``auto`` is float32 on CPU and bfloat16 on CUDA. ``num_pages`` None
+    sizes the KV pool from ``mem_fraction`` of GPU memory (after weights) or, on
+    CPU, from ``cpu_kv_cache_gb`` (at most ``cpu_max_kv_tokens`` tokens); with
+    several ranks the smallest count wins. ``dist_init`` is the
+    ``torch.distributed`` rendezvous (``tcp://127.0.0.1:PORT`` or ``file://...``),
+    needed when ``tp_size > 1``. ``cpu_threads`` > 0 sets torch's intra-op threads.
+    """
+
+    model: str
+    device: str = "cpu"
+    dtype: str = "auto"
+    tp_size: int = 1
+    num_pages: int | None = None
+    page_size: int = 16
+    attention_backend: str = "torch"
+    dummy_weights: bool = False
+    seed: int = 0
+    dist_init: str = ""
+    mem_fraction: float = 0.85
+    cpu_kv_cache_gb: float = 1.0
+    cpu_max_kv_tokens: int = 65536
+    cpu_threads: int = 0
+
+    def torch_dtype(self) -> torch.dtype:
+        if self.dtype == "auto":
+            return torch.bfloat16 if self.device.startswith("cuda") else torch.float32
+        try:
+            return DTYPES[self.dtype]
+        except KeyError:
+            raise ValueError(
+                f"unknown dtype {self.dtype!r}; choose auto or one of {sorted(DTYPES)}"
+            ) from None
+
+    def validate(self) -> RunnerArgs:
+        """Raise ``ValueError`` on inconsistent arguments; return self."""
+        self.torch_dtype()
+        if self.tp_size < 1:
+            raise ValueError(f"tp_size must be >= 1, got {self.tp_size}")
+        if self.tp_size > 1 and not self.dist_init:
+            raise ValueError("tp_size > 1 needs dist_init (tcp://HOST:PORT or file://PATH)")
+        if self.page_size < 1:
+            raise ValueError(f"page_size must be >= 1, got {self.page_size}")
+        if self.num_pages is not None and self.num_pages < 1:
+            raise ValueError(f"num_pages must be >= 1, got {self.num_pages}")
+        if not self.device.startswith(("cpu", "cuda")):
+            raise ValueError(f"device must be cpu or cuda, got {self.device!r}")
+        if not 0.0 < self.mem_fraction <= 1.0:
+            raise ValueError(f"mem_fraction must be in (0, 1], got {self.mem_fraction}")
+        return self

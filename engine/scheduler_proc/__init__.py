@@ -1,0 +1,1 @@
+"""The scheduler/engine process of each tensor-parallel rank."""

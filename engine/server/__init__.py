@@ -1,0 +1,1 @@
+"""The HTTP frontend: OpenAI-compatible and native routes, SSE, metrics."""

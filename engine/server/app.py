@@ -1,0 +1,62 @@
+"""The FastAPI application of ``engine serve``."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
+
+from fastapi import FastAPI
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, Response
+from starlette.exceptions import HTTPException
+from starlette.requests import Request
+
+from engine.launch.config import ServeConfig
+from engine.server import native, openai_api
+from engine.server.context import ClientGone, ServerContext
+from engine.server.errors import APIError, error_body, error_response
+from engine.server.frontend import Frontend
+from engine.server.metrics import ServerMetrics
+
+log = logging.getLogger(__name__)
+CLIENT_CLOSED = 499
+
+
+def create_app(cfg: ServeConfig, health: Callable[[], str | None]) -> FastAPI:
+    """The app; its lifespan opens the sockets to the tokenizers and from the pipeline."""
+    metrics = ServerMetrics(cfg.model)
+    frontend = Frontend(cfg, metrics)
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        await frontend.start()
+        try:
+            yield
+        finally:
+            await frontend.stop()
+
+    app = FastAPI(title="engine", lifespan=lifespan)
+    app.state.ctx = ServerContext(cfg=cfg, frontend=frontend, metrics=metrics, health=health)
+    app.include_router(openai_api.router)
+    app.include_router(native.router)
+
+    @app.exception_handler(APIError)
+    async def on_api_error(request: Request, exc: APIError) -> Response:
+        return error_response(exc)
+
+    @app.exception_handler(ClientGone)
+    async def on_client_gone(request: Request, exc: ClientGone) -> Response:
+        return Response(status_code=CLIENT_CLOSED)
+
+    @app.exception_handler(HTTPException)
+    async def on_http_error(request: Request, exc: HTTPException) -> Response:
+        return JSONResponse(
+            error_body(str(exc.detail), exc.status_code), status_code=exc.status_code
+        )
+
+    @app.exception_handler(RequestValidationError)
+    async def on_validation_error(request: Request, exc: RequestValidationError) -> Response:
+        return JSONResponse(error_body(str(exc), 400), status_code=400)
+
+    return app

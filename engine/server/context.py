@@ -1,0 +1,87 @@
+"""What every route needs: the config, the pipeline, the metrics and the health of the children."""
+
+from __future__ import annotations
+
+import asyncio
+import secrets
+import time
+import uuid
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import TypeVar
+
+from starlette.requests import Request
+
+from engine.launch.config import ServeConfig
+from engine.server.errors import APIError
+from engine.server.frontend import Frontend, RequestError, RequestStream
+from engine.server.metrics import ServerMetrics
+
+T = TypeVar("T")
+DISCONNECT_POLL_S = 0.5
+
+
+class ClientGone(Exception):
+    """The client closed the connection before the answer was ready."""
+
+
+@dataclass
+class ServerContext:
+    cfg: ServeConfig
+    frontend: Frontend
+    metrics: ServerMetrics
+    health: Callable[[], str | None]
+    started: float = field(default_factory=time.time)
+
+    def authorize(self, request: Request) -> None:
+        """401 unless the server has no API key or the request bears it."""
+        key = self.cfg.api_key
+        if key is None:
+            return
+        header = request.headers.get("authorization", "")
+        scheme, _, token = header.partition(" ")
+        if scheme.lower() != "bearer" or not secrets.compare_digest(token.strip(), key):
+            raise APIError("invalid or missing API key", status=401, code="invalid_api_key")
+
+    def check_model(self, name: str | None) -> None:
+        if name is None or name in (self.cfg.model, self.cfg.model_path):
+            return
+        raise APIError(
+            f"the model {name!r} does not exist; this server serves {self.cfg.model!r}",
+            status=404,
+            param="model",
+            code="model_not_found",
+        )
+
+    def check_healthy(self) -> None:
+        reason = self.health()
+        if reason is not None:
+            raise APIError(f"the server is shutting down: {reason}", status=503)
+
+
+def new_rid() -> str:
+    return uuid.uuid4().hex
+
+
+async def await_or_abort(request: Request, stream: RequestStream, work: Awaitable[T]) -> T:
+    """Await ``work`` unless the client disconnects first (then abort and raise ``ClientGone``).
+
+    A ``RequestError`` from the pipeline becomes an ``APIError`` with its status.
+    """
+    task = asyncio.ensure_future(work)
+    try:
+        while True:
+            done, _ = await asyncio.wait({task}, timeout=DISCONNECT_POLL_S)
+            if done:
+                try:
+                    return task.result()
+                except RequestError as exc:
+                    raise APIError(exc.message, status=exc.status, param=exc.param) from None
+            if await request.is_disconnected():
+                raise ClientGone(stream.rid)
+    except BaseException:
+        stream.close()
+        raise
+    finally:
+        if not task.done():
+            task.cancel()

@@ -1,0 +1,47 @@
+"""OpenAI-style error bodies: ``{"error": {"message", "type", "param", "code"}}``."""
+
+from __future__ import annotations
+
+from fastapi.responses import JSONResponse
+
+ERROR_TYPES = {
+    400: "invalid_request_error",
+    401: "authentication_error",
+    404: "not_found_error",
+    413: "invalid_request_error",
+    503: "service_unavailable",
+}
+
+
+class APIError(Exception):
+    """An error a client caused (or may retry); turned into a JSON error response."""
+
+    def __init__(
+        self, message: str, status: int = 400, param: str | None = None, code: str | None = None
+    ) -> None:
+        super().__init__(message)
+        self.message = message
+        self.status = status
+        self.param = param
+        self.code = code
+
+
+def error_body(
+    message: str, status: int, param: str | None = None, code: str | None = None
+) -> dict[str, object]:
+    return {
+        "error": {
+            "message": message,
+            "type": ERROR_TYPES.get(
+                status, "invalid_request_error" if status < 500 else "server_error"
+            ),
+            "param": param,
+            "code": code,
+        }
+    }
+
+
+def error_response(exc: APIError) -> JSONResponse:
+    return JSONResponse(
+        error_body(exc.message, exc.status, exc.param, exc.code), status_code=exc.status
+    )

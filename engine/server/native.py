@@ -1,0 +1,84 @@
+"""Native routes: ``/generate`` (with stage timestamps), ``/health``, ``/metrics``."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import AsyncIterator
+
+from fastapi import APIRouter
+from fastapi.responses import JSONResponse, Response
+from prometheus_client import CONTENT_TYPE_LATEST
+from starlette.requests import Request
+
+from engine import messages
+from engine.server.context import ServerContext, await_or_abort, new_rid
+from engine.server.errors import APIError, error_body
+from engine.server.frontend import RequestError, RequestStream
+from engine.server.protocol import GenerateBody, native_sampling_params, parse_body
+from engine.server.sse import DONE, SSEResponse, sse_event
+
+router = APIRouter()
+
+
+async def generate_events(stream: RequestStream, first: messages.TextItem) -> AsyncIterator[bytes]:
+    try:
+        item = first
+        while True:
+            payload: dict[str, object] = {"text": item.text, "output_ids": item.token_ids}
+            if item.finish_reason is not None:
+                payload["meta_info"] = stream.result.meta_info()
+                yield sse_event(payload)
+                break
+            yield sse_event(payload)
+            try:
+                item = await stream.next()
+            except RequestError as exc:
+                yield sse_event(error_body(exc.message, exc.status))
+                break
+        yield DONE
+    finally:
+        stream.close()
+
+
+@router.post("/generate")
+async def generate(request: Request) -> Response:
+    """Text or token ids in; text, token ids and per-stage timestamps (``meta_info``) out."""
+    ctx: ServerContext = request.app.state.ctx
+    ctx.authorize(request)
+    ctx.check_healthy()
+    body = parse_body(await request.body(), GenerateBody)
+    if (body.text is None) == (body.input_ids is None):
+        raise APIError("give exactly one of text and input_ids", param="text")
+    params = native_sampling_params(body.sampling_params, ctx.cfg.max_model_len)
+    req = messages.GenerateRequest(
+        rid=new_rid(),
+        sampling=params,
+        received=time.time(),
+        text=body.text,
+        input_ids=body.input_ids,
+        priority=body.priority,
+        max_tokens_explicit="max_new_tokens" in body.sampling_params,
+    )
+    stream = ctx.frontend.submit(req)
+    if body.stream:
+        first = await await_or_abort(request, stream, stream.next())
+        return SSEResponse(generate_events(stream, first))
+    result = await await_or_abort(request, stream, stream.collect())
+    return JSONResponse(
+        {"text": result.text, "output_ids": result.token_ids, "meta_info": result.meta_info()}
+    )
+
+
+@router.get("/health")
+async def health(request: Request) -> Response:
+    ctx: ServerContext = request.app.state.ctx
+    reason = ctx.health()
+    if reason is not None:
+        return JSONResponse({"status": "unhealthy", "reason": reason}, status_code=503)
+    return JSONResponse({"status": "ok"})
+
+
+@router.get("/metrics")
+async def metrics(request: Request) -> Response:
+    ctx: ServerContext = request.app.state.ctx
+    return Response(ctx.metrics.render(), media_type=CONTENT_TYPE_LATEST)

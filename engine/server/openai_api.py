@@ -1,0 +1,199 @@
+"""``/v1/chat/completions``, ``/v1/completions`` and ``/v1/models`` (OpenAI wire format)."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import AsyncIterator
+from typing import Any
+
+from fastapi import APIRouter
+from fastapi.responses import JSONResponse, Response
+from starlette.requests import Request
+
+from engine import messages
+from engine.server.context import ServerContext, await_or_abort, new_rid
+from engine.server.errors import APIError, error_body
+from engine.server.frontend import RequestError, RequestResult, RequestStream
+from engine.server.protocol import (
+    DEFAULT_COMPLETION_TOKENS,
+    ChatCompletionRequest,
+    CompletionRequest,
+    SamplingFields,
+    chat_messages,
+    completion_prompt,
+    parse_body,
+    sampling_params,
+)
+from engine.server.sse import DONE, SSEResponse, sse_event
+
+router = APIRouter()
+
+
+def usage(result: RequestResult) -> dict[str, Any]:
+    completion = len(result.token_ids)
+    return {
+        "prompt_tokens": result.prompt_tokens,
+        "completion_tokens": completion,
+        "total_tokens": result.prompt_tokens + completion,
+        "prompt_tokens_details": {"cached_tokens": result.cached_tokens},
+    }
+
+
+class Shape:
+    """How one endpoint's responses look: chat (``delta``/``message``) or text (``text``)."""
+
+    def __init__(self, chat: bool, rid: str, model: str) -> None:
+        self.chat = chat
+        self.id = f"chatcmpl-{rid}" if chat else f"cmpl-{rid}"
+        self.model = model
+        self.created = int(time.time())
+
+    def envelope(self, obj: str, choices: list[dict[str, Any]]) -> dict[str, Any]:
+        return {
+            "id": self.id,
+            "object": obj,
+            "created": self.created,
+            "model": self.model,
+            "choices": choices,
+        }
+
+    def chunk(self, text: str | None, finish: str | None, role: bool = False) -> dict[str, Any]:
+        choice: dict[str, Any] = {"index": 0, "logprobs": None, "finish_reason": finish}
+        if self.chat:
+            delta: dict[str, Any] = {}
+            if role:
+                delta["role"] = "assistant"
+            if text is not None:
+                delta["content"] = text
+            choice["delta"] = delta
+            return self.envelope("chat.completion.chunk", [choice])
+        choice["text"] = text or ""
+        return self.envelope("text_completion", [choice])
+
+    def final(self, result: RequestResult) -> dict[str, Any]:
+        choice: dict[str, Any] = {
+            "index": 0,
+            "logprobs": None,
+            "finish_reason": result.finish_reason,
+        }
+        if self.chat:
+            choice["message"] = {"role": "assistant", "content": result.text}
+            body = self.envelope("chat.completion", [choice])
+        else:
+            choice["text"] = result.text
+            body = self.envelope("text_completion", [choice])
+        body["usage"] = usage(result)
+        return body
+
+    def usage_chunk(self, result: RequestResult) -> dict[str, Any]:
+        obj = "chat.completion.chunk" if self.chat else "text_completion"
+        body = self.envelope(obj, [])
+        body["usage"] = usage(result)
+        return body
+
+
+async def stream_events(
+    shape: Shape, stream: RequestStream, first: messages.TextItem, include_usage: bool
+) -> AsyncIterator[bytes]:
+    """SSE chunks of one request; leaving early (a disconnect) aborts it."""
+    try:
+        if shape.chat:
+            yield sse_event(shape.chunk("", None, role=True))
+        item = first
+        while True:
+            if item.text:
+                yield sse_event(shape.chunk(item.text, None))
+            if item.finish_reason is not None:
+                yield sse_event(shape.chunk(None if shape.chat else "", item.finish_reason))
+                break
+            try:
+                item = await stream.next()
+            except RequestError as exc:
+                yield sse_event(error_body(exc.message, exc.status))
+                break
+        if include_usage:
+            yield sse_event(shape.usage_chunk(stream.result))
+        yield DONE
+    finally:
+        stream.close()
+
+
+async def respond(
+    request: Request,
+    ctx: ServerContext,
+    body: SamplingFields,
+    shape: Shape,
+    req: messages.GenerateRequest,
+) -> Response:
+    stream = ctx.frontend.submit(req)
+    if body.stream:
+        first = await await_or_abort(request, stream, stream.next())
+        return SSEResponse(stream_events(shape, stream, first, body.include_usage()))
+    result = await await_or_abort(request, stream, stream.collect())
+    return JSONResponse(shape.final(result))
+
+
+@router.post("/v1/chat/completions")
+async def chat_completions(request: Request) -> Response:
+    ctx: ServerContext = request.app.state.ctx
+    ctx.authorize(request)
+    ctx.check_healthy()
+    body = parse_body(await request.body(), ChatCompletionRequest)
+    ctx.check_model(body.model)
+    chat = chat_messages(body)
+    max_tokens = body.max_completion_tokens
+    if max_tokens is None:
+        max_tokens = body.max_tokens
+    explicit = max_tokens is not None
+    limit = ctx.cfg.max_model_len
+    params = sampling_params(body, limit if max_tokens is None else max_tokens, limit)
+    rid = new_rid()
+    req = messages.GenerateRequest(
+        rid=rid,
+        sampling=params,
+        received=time.time(),
+        messages=chat,
+        priority=body.priority,
+        max_tokens_explicit=explicit,
+    )
+    return await respond(request, ctx, body, Shape(True, rid, ctx.cfg.model), req)
+
+
+@router.post("/v1/completions")
+async def completions(request: Request) -> Response:
+    ctx: ServerContext = request.app.state.ctx
+    ctx.authorize(request)
+    ctx.check_healthy()
+    body = parse_body(await request.body(), CompletionRequest)
+    ctx.check_model(body.model)
+    if body.echo:
+        raise APIError("echo is not supported", param="echo")
+    text, ids = completion_prompt(body)
+    max_tokens = body.max_tokens if body.max_tokens is not None else DEFAULT_COMPLETION_TOKENS
+    params = sampling_params(body, max_tokens, ctx.cfg.max_model_len)
+    rid = new_rid()
+    req = messages.GenerateRequest(
+        rid=rid,
+        sampling=params,
+        received=time.time(),
+        text=text,
+        input_ids=ids,
+        priority=body.priority,
+        max_tokens_explicit=body.max_tokens is not None,
+    )
+    return await respond(request, ctx, body, Shape(False, rid, ctx.cfg.model), req)
+
+
+@router.get("/v1/models")
+async def models(request: Request) -> Response:
+    ctx: ServerContext = request.app.state.ctx
+    ctx.authorize(request)
+    card = {
+        "id": ctx.cfg.model,
+        "object": "model",
+        "created": int(ctx.started),
+        "owned_by": "engine",
+        "root": ctx.cfg.model_path,
+        "max_model_len": ctx.cfg.max_model_len,
+    }
+    return JSONResponse({"object": "list", "data": [card]})

@@ -1,0 +1,1 @@
+"""Tokenizer workers: chat template, text -> token ids, prompt limits."""

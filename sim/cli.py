@@ -1,0 +1,164 @@
+"""The ``sim`` command: ``sim replay TRACE ... --out DIR`` and ``sim gen ... --out FILE``."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+from typing import Any
+
+from sim.config import build_config
+from sim.costs import COST_MODELS, ProfileError
+from sim.traces import TraceError, generate, load_trace
+
+
+def _replay_args(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    p = sub.add_parser("replay", help="replay a trace through the simulated pipeline")
+    p.add_argument("trace", type=Path, help="a .jsonl (Mooncake fields) or Azure .csv trace")
+    p.add_argument("--out", type=Path, required=True, help="output directory")
+    p.add_argument("--config", type=Path, help="JSON or TOML config file")
+    p.add_argument("--policy", help="scheduling policy (fcfs, lpm, priority, sjf)")
+    p.add_argument("--profile", help="profile CSV (implies --cost-model table)")
+    p.add_argument("--cost-model", choices=sorted(COST_MODELS))
+    p.add_argument("--model", help="model preset (llama-3.1-8b, qwen3-0.6b, smollm2-135m)")
+    p.add_argument("--tp", type=int, help="tensor-parallel degree")
+    p.add_argument("--num-tokenizers", type=int)
+    p.add_argument("--num-pages", type=int, help="KV pages (default: from free GPU memory)")
+    p.add_argument(
+        "--overlap",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="overlap scheduling: a step costs max(GPU, CPU) instead of the sum",
+    )
+    p.add_argument(
+        "--fast-forward",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="advance runs of identical decode steps at once (same results)",
+    )
+    p.add_argument(
+        "--rate-scale",
+        type=float,
+        default=1.0,
+        help="X > 1 replays X times faster (arrival times divided by X)",
+    )
+    p.add_argument("--limit", type=int, help="replay only the first N requests (by arrival)")
+    p.add_argument("--seed", type=int, help="recorded in the summary; the replay draws no "
+                   "random numbers, so equal inputs give equal outputs")  # fmt: skip
+    p.add_argument("--slo-ttft-ms", type=float)
+    p.add_argument("--slo-tpot-ms", type=float)
+    p.add_argument("--no-report", action="store_true", help="skip report.html")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+
+
+def _gen_args(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    p = sub.add_parser("gen", help="write a synthetic trace (JSONL)")
+    p.add_argument("--arrival", choices=["poisson", "gamma"], default="poisson")
+    p.add_argument("--rate", type=float, required=True, help="mean requests per second")
+    p.add_argument("--cv", type=float, default=1.0, help="gamma: coefficient of variation")
+    p.add_argument("--input", required=True, help="fixed:N | uniform:A:B | empirical:TRACE")
+    p.add_argument("--output", required=True, help="fixed:N | uniform:A:B | empirical:TRACE")
+    p.add_argument("--num", type=int, required=True)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--out", type=Path, required=True)
+
+
+def _fmt(v: Any) -> str:
+    if v is None:
+        return "-"
+    return f"{v:,.1f}" if isinstance(v, float) else str(v)
+
+
+def format_summary(summary: dict[str, Any]) -> str:
+    """The table ``sim replay`` prints."""
+    cm = summary["cost_model"]
+    lines = [
+        f"trace        {summary['trace']['path']} ({summary['num_requests']} requests)",
+        f"cost model   {cm['name']} (profile: {cm['profile'] or 'none'})",
+        f"provenance   {cm['provenance']}",
+        f"cpu costs    {summary['cpu_costs']['source']}",
+        f"completed    {summary['completed']}   rejected {summary['rejected']}",
+        f"duration     {summary['duration_s']:.1f} s simulated, {summary['num_steps']} steps, "
+        f"{summary['wall_s']:.1f} s wall",
+        f"throughput   {summary['request_throughput']:.2f} req/s, "
+        f"{summary['output_throughput']:.0f} output tok/s, "
+        f"{summary['input_throughput']:.0f} input tok/s",
+        f"goodput      {summary['goodput']['value']:.2f} req/s "
+        f"(ttft <= {_fmt(summary['goodput']['slo_ttft_ms'])} ms, "
+        f"tpot <= {_fmt(summary['goodput']['slo_tpot_ms'])} ms)",
+        f"prefix hits  {summary['prefix_hit_rate']:.1%}",
+        "",
+        f"{'metric':<10}{'mean':>12}{'p50':>12}{'p90':>12}{'p99':>12}",
+    ]
+    for key in ("ttft_ms", "tpot_ms", "itl_ms", "e2e_ms"):
+        s = summary[key]
+        lines.append(
+            f"{key:<10}" + "".join(f"{_fmt(s[q]):>12}" for q in ("mean", "p50", "p90", "p99"))
+        )
+    if summary.get("rejected_reasons"):
+        lines.append("")
+        lines += [f"rejected: {n} x {reason}" for reason, n in summary["rejected_reasons"].items()]
+    verdict = summary.get("bottleneck")
+    if verdict:
+        lines.append("")
+        text = verdict.get("text") if isinstance(verdict, dict) else None
+        lines.append(f"bottleneck   {text or verdict}")
+    return "\n".join(lines)
+
+
+def cmd_replay(args: argparse.Namespace) -> int:
+    from sim.replay import run_replay, write_outputs
+
+    config = build_config(
+        args.config,
+        policy=args.policy,
+        profile=args.profile,
+        cost_model=args.cost_model,
+        model=args.model,
+        tp=args.tp,
+        num_tokenizers=args.num_tokenizers,
+        num_pages=args.num_pages,
+        overlap=args.overlap,
+        fast_forward=args.fast_forward,
+        seed=args.seed,
+        slo_ttft_ms=args.slo_ttft_ms,
+        slo_tpot_ms=args.slo_tpot_ms,
+    )
+    trace = load_trace(args.trace, rate_scale=args.rate_scale, limit=args.limit)
+    result = run_replay(trace, config, progress=not args.no_progress)
+    summary = write_outputs(result, args.out, report=not args.no_report)
+    print(format_summary(summary))
+    print(f"\noutputs in {args.out}/")
+    return 0
+
+
+def cmd_gen(args: argparse.Namespace) -> int:
+    n = generate(
+        args.out,
+        arrival=args.arrival,
+        rate=args.rate,
+        input_spec=args.input,
+        output_spec=args.output,
+        num=args.num,
+        seed=args.seed,
+        cv=args.cv,
+    )
+    print(f"wrote {n} requests to {args.out}")
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="sim", description="Discrete-event LLM serving simulator")
+    sub = parser.add_subparsers(dest="command", required=True)
+    _replay_args(sub)
+    _gen_args(sub)
+    args = parser.parse_args(argv)
+    try:
+        return cmd_replay(args) if args.command == "replay" else cmd_gen(args)
+    except (TraceError, ProfileError, ValueError) as exc:
+        print(f"sim {args.command}: error: {exc}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

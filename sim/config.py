@@ -1,0 +1,162 @@
+"""Replay configuration: defaults, a JSON/TOML config file, then command-line overrides.
+
+Defaults model Llama-3.1-8B in bf16 on one H200. Unless ``num_pages`` or
+``kv_memory_gb`` is given, the KV cache gets what is left of each GPU after the
+weights, within ``gpu_memory_fraction`` (0.9, vLLM's default
+``gpu_memory_utilization``; the rest is headroom for activations and the CUDA
+context):
+
+    kv bytes per GPU = hbm * gpu_memory_fraction - weight bytes / tp
+    num_pages        = kv bytes per GPU // (page_size * KV bytes per token per GPU)
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import tomllib
+from dataclasses import asdict, dataclass, fields, replace
+from pathlib import Path
+from typing import Any
+
+from engine.scheduler import POLICIES, SchedulerConfig
+from sim.costs.presets import DTYPE_BYTES, hardware, model_shape
+
+SECTIONS = ("scheduler", "model", "costs", "pipeline")
+
+
+@dataclass(frozen=True, slots=True)
+class SimConfig:
+    """Everything a replay depends on (besides the trace); recorded in summary.json."""
+
+    # model and hardware
+    model: str = "llama-3.1-8b"
+    hardware: str = "h200"
+    tp: int = 1
+    dtype: str = "bf16"
+    kv_dtype: str = "bf16"
+    gpu_memory_fraction: float = 0.9
+    # scheduler
+    num_pages: int | None = None
+    kv_memory_gb: float | None = None  # KV cache bytes per GPU, in 1e9 bytes
+    page_size: int = 16
+    max_running: int = 256
+    max_prefill_tokens: int = 8192
+    policy: str = "fcfs"
+    prefix_cache: bool = True
+    # costs
+    cost_model: str = "roofline"
+    profile: str | None = None
+    cpu_profile: str | None = None  # None: the committed profiles/cpu_costs.csv
+    # pipeline
+    num_tokenizers: int = 1
+    overlap: bool = False  # overlap scheduling: a step costs max(GPU, CPU), not the sum
+    fast_forward: bool = True
+    max_run_steps: int = 4096
+    seed: int = 0
+    slo_ttft_ms: float | None = None
+    slo_tpot_ms: float | None = None
+
+    def __post_init__(self) -> None:
+        model_shape(self.model)
+        hw = hardware(self.hardware)
+        for name in ("dtype", "kv_dtype"):
+            if getattr(self, name) not in DTYPE_BYTES:
+                raise ValueError(f"{name} must be one of {sorted(DTYPE_BYTES)}")
+        if self.dtype not in hw.peak_flops and self.cost_model == "roofline":
+            raise ValueError(f"no measured {self.dtype} peak for {hw.name}")
+        if self.policy not in POLICIES:
+            raise ValueError(f"unknown policy {self.policy!r}; known: {sorted(POLICIES)}")
+        for name in (
+            "tp",
+            "page_size",
+            "max_running",
+            "max_prefill_tokens",
+            "num_tokenizers",
+            "max_run_steps",
+        ):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"{name} must be a positive integer, got {value!r}")
+        if not 0 < self.gpu_memory_fraction <= 1:
+            raise ValueError("gpu_memory_fraction must be in (0, 1]")
+        if self.num_pages is not None and self.num_pages < 1:
+            raise ValueError("num_pages must be >= 1")
+        if self.kv_memory_gb is not None and not self.kv_memory_gb > 0:
+            raise ValueError("kv_memory_gb must be > 0")
+        for name in ("slo_ttft_ms", "slo_tpot_ms"):
+            value = getattr(self, name)
+            if value is not None and not value > 0:
+                raise ValueError(f"{name} must be > 0")
+
+    def kv_bytes_per_token_per_gpu(self) -> float:
+        m = model_shape(self.model)
+        per_rank_heads = math.ceil(m.kv_heads / self.tp)
+        return m.kv_bytes_per_token(self.kv_dtype) * per_rank_heads / m.kv_heads
+
+    def resolved_num_pages(self) -> int:
+        """KV pages per the rules in the module docstring."""
+        if self.num_pages is not None:
+            return self.num_pages
+        page_bytes = self.page_size * self.kv_bytes_per_token_per_gpu()
+        if self.kv_memory_gb is not None:
+            kv_bytes = self.kv_memory_gb * 1e9
+        else:
+            m = model_shape(self.model)
+            weights = m.params * DTYPE_BYTES[self.dtype] / self.tp
+            kv_bytes = hardware(self.hardware).hbm_bytes * self.gpu_memory_fraction - weights
+        pages = int(kv_bytes // page_bytes)
+        if pages < 1:
+            raise ValueError(
+                f"{self.model} on {self.tp}x {self.hardware} leaves no memory for the KV cache"
+            )
+        return pages
+
+    def scheduler_config(self) -> SchedulerConfig:
+        return SchedulerConfig(
+            num_pages=self.resolved_num_pages(),
+            page_size=self.page_size,
+            max_running=self.max_running,
+            max_prefill_tokens=self.max_prefill_tokens,
+            policy=self.policy,
+            prefix_cache=self.prefix_cache,
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        out = asdict(self)
+        out["resolved_num_pages"] = self.resolved_num_pages()
+        return out
+
+
+def read_config_file(path: Path | str) -> dict[str, Any]:
+    """Keys of a JSON or TOML config file; tables named in ``SECTIONS`` are flattened."""
+    path = Path(path)
+    if not path.is_file():
+        raise ValueError(f"{path}: no such config file")
+    text = path.read_text(encoding="utf-8")
+    try:
+        raw = tomllib.loads(text) if path.suffix.lower() == ".toml" else json.loads(text)
+    except (tomllib.TOMLDecodeError, json.JSONDecodeError) as exc:
+        raise ValueError(f"{path}: cannot parse config ({exc})") from None
+    if not isinstance(raw, dict):
+        raise ValueError(f"{path}: a config file must hold a table/object")
+    flat: dict[str, Any] = {}
+    for key, value in raw.items():
+        if key in SECTIONS and isinstance(value, dict):
+            flat.update(value)
+        else:
+            flat[key] = value
+    known = {f.name for f in fields(SimConfig)}
+    unknown = sorted(set(flat) - known)
+    if unknown:
+        raise ValueError(f"{path}: unknown config keys {unknown}; known: {sorted(known)}")
+    return flat
+
+
+def build_config(file: Path | str | None = None, /, **overrides: Any) -> SimConfig:
+    """Defaults, then ``file``, then the ``overrides`` that are not None."""
+    values: dict[str, Any] = read_config_file(file) if file is not None else {}
+    values.update({k: v for k, v in overrides.items() if v is not None})
+    if values.get("profile") and "cost_model" not in values:
+        values["cost_model"] = "table"
+    return replace(SimConfig(), **values)

@@ -1,0 +1,104 @@
+"""What a cost model is asked: the time of a GPU step, and of the CPU stages around it."""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+if TYPE_CHECKING:
+    from engine.scheduler import Plan
+
+
+@dataclass(frozen=True, slots=True)
+class StepShape:
+    """The work of one model step, in the terms a step's time depends on.
+
+    ``context_tokens``: KV positions the step's attention reads, summed over the
+    batch (``start + length`` per prefill chunk, ``position + 1`` per decode slot).
+    ``decode_context``: the decode slots' share of it (one query-key pair each).
+    ``prefill_attention``: query-key pairs of the prefill chunks (causal).
+    ``sampled``: sequences that produce logits (last prefill chunks and decodes).
+    """
+
+    prefill_tokens: int
+    decode_requests: int
+    context_tokens: int
+    decode_context: int
+    prefill_attention: int
+    sampled: int
+
+    @staticmethod
+    def of_plan(plan: Plan) -> StepShape:
+        prefill_tokens = prefill_context = attention = sampled = 0
+        for c in plan.prefill:
+            prefill_tokens += c.length
+            prefill_context += c.start + c.length
+            attention += c.length * c.start + c.length * (c.length + 1) // 2
+            sampled += c.samples
+        n_decode = len(plan.decode)
+        decode_context = sum(d.position for d in plan.decode) + n_decode
+        return StepShape(
+            prefill_tokens,
+            n_decode,
+            prefill_context + decode_context,
+            decode_context,
+            attention,
+            sampled + n_decode,
+        )
+
+
+class GpuCostModel(ABC):
+    """Time of one model step as a function of its shape, for a fixed model, hardware and TP.
+
+    ``decode_times`` must equal ``step_time`` applied to each step of a run of
+    pure-decode steps (batch fixed, context growing by ``batch`` each step); it
+    exists so that fast-forwarded runs are priced with numpy in one call.
+    """
+
+    name: str
+    profile: str | None
+    provenance: str
+
+    @abstractmethod
+    def step_time(self, shape: StepShape) -> float: ...
+
+    @abstractmethod
+    def decode_times(self, batch: int, context_tokens: int, k: int) -> np.ndarray:
+        """Times of ``k`` decode steps of ``batch`` requests; step i reads
+        ``context_tokens + i * batch`` KV positions."""
+
+    def describe(self) -> dict[str, object]:
+        return {"name": self.name, "profile": self.profile, "provenance": self.provenance}
+
+
+@dataclass(frozen=True, slots=True)
+class CpuCosts:
+    """Per-unit CPU costs of the stages around the GPU step, in seconds.
+
+    ``frontend`` per request (HTTP parse), ``tokenize`` per input token,
+    ``detokenize`` per output token, ``ipc`` per message hop, ``schedule`` per
+    scheduler step plus ``schedule_request`` per request in the step's batch.
+    """
+
+    frontend: float
+    tokenize: float
+    detokenize: float
+    ipc: float
+    schedule: float
+    schedule_request: float
+    source: str
+    provenance: str
+
+    KINDS = ("frontend", "tokenize", "detokenize", "ipc", "schedule", "schedule_request")
+
+    def schedule_time(self, batch_size: int) -> float:
+        return self.schedule + self.schedule_request * batch_size
+
+    def describe(self) -> dict[str, object]:
+        out: dict[str, object] = {k: getattr(self, k) for k in self.KINDS}
+        out["source"] = self.source
+        out["provenance"] = self.provenance
+        return out

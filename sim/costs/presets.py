@@ -1,0 +1,124 @@
+"""Model shapes and hardware ceilings that the cost models and KV sizing read.
+
+Model shapes are copied from each model's published ``config.json``. Hardware
+numbers are measurements (see ``provenance``), never guesses.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+DTYPE_BYTES: dict[str, float] = {"fp32": 4.0, "bf16": 2.0, "fp16": 2.0, "fp8": 1.0, "int4": 0.5}
+
+
+@dataclass(frozen=True, slots=True)
+class ModelShape:
+    """A decoder-only transformer (Llama-style: GQA attention, gated MLP)."""
+
+    name: str
+    hidden: int
+    layers: int
+    heads: int
+    kv_heads: int
+    head_dim: int
+    intermediate: int
+    vocab: int
+    tied_embeddings: bool
+
+    @property
+    def layer_params(self) -> int:
+        """Matmul parameters of one layer (norm weights are negligible and left out)."""
+        q_o = 2 * self.hidden * self.heads * self.head_dim
+        k_v = 2 * self.hidden * self.kv_heads * self.head_dim
+        mlp = 3 * self.hidden * self.intermediate
+        return q_o + k_v + mlp
+
+    @property
+    def embedding_params(self) -> int:
+        return self.vocab * self.hidden
+
+    @property
+    def params(self) -> int:
+        lm_head = 0 if self.tied_embeddings else self.embedding_params
+        return self.layers * self.layer_params + self.embedding_params + lm_head
+
+    @property
+    def weights_read_per_step(self) -> int:
+        """Parameters a forward pass reads in full: every layer and the LM head.
+
+        The input embedding is a row lookup, so only the LM head's copy of the
+        vocabulary matrix counts (tied or not).
+        """
+        return self.layers * self.layer_params + self.embedding_params
+
+    def kv_bytes_per_token(self, kv_dtype: str) -> float:
+        """K and V of one token over all layers."""
+        return 2 * self.layers * self.kv_heads * self.head_dim * DTYPE_BYTES[kv_dtype]
+
+
+MODELS: dict[str, ModelShape] = {
+    m.name: m
+    for m in (
+        # meta-llama/Llama-3.1-8B-Instruct config.json
+        ModelShape("llama-3.1-8b", 4096, 32, 32, 8, 128, 14336, 128256, False),
+        # Qwen/Qwen3-0.6B config.json
+        ModelShape("qwen3-0.6b", 1024, 28, 16, 8, 128, 3072, 151936, True),
+        # HuggingFaceTB/SmolLM2-135M-Instruct config.json
+        ModelShape("smollm2-135m", 576, 30, 9, 3, 64, 1536, 49152, True),
+    )
+}
+
+
+@dataclass(frozen=True, slots=True)
+class Hardware:
+    """Ceilings of one accelerator.
+
+    ``mem_bandwidth`` is bytes moved per second, reads and writes together: a
+    device-to-device copy of N bytes moves 2N bytes (N read, N written), and we
+    take the copy's measured rate (read+write) as the rate of any mix of HBM
+    traffic, so a pure read stream runs at the same number. ``kernel_floor_s``
+    is the time of one tiny kernel replayed from a CUDA graph: the per-kernel
+    floor of a step. ``link_bandwidth`` (per direction, bytes/s) feeds the
+    tensor-parallel all-reduce term.
+    """
+
+    name: str
+    hbm_bytes: int
+    mem_bandwidth: float
+    peak_flops: dict[str, float]
+    kernel_floor_s: float
+    link_bandwidth: float
+    provenance: str
+
+
+HARDWARE: dict[str, Hardware] = {
+    "h200": Hardware(
+        name="h200",
+        hbm_bytes=143771 * 2**20,
+        mem_bandwidth=4.26e12,
+        peak_flops={"bf16": 797e12, "fp16": 797e12},
+        kernel_floor_s=1.05e-6,
+        link_bandwidth=450e9,
+        provenance=(
+            "H200 ceilings measured here: 4.26 TB/s device copy counting bytes read + written "
+            "and 797 TFLOP/s bf16 8192^3 matmul (DESIGN.md; re-measured as 4.28 TB/s and "
+            "791 TFLOP/s with 1.05 us per graph-replayed kernel in profiles/h200_ceilings.json); "
+            "HBM 143771 MiB from nvidia-smi; NVLink 450 GB/s per direction is NVIDIA's H200 "
+            "datasheet figure (900 GB/s bidirectional), not measured here"
+        ),
+    ),
+}
+
+
+def model_shape(name: str) -> ModelShape:
+    try:
+        return MODELS[name]
+    except KeyError:
+        raise ValueError(f"unknown model preset {name!r}; known: {sorted(MODELS)}") from None
+
+
+def hardware(name: str) -> Hardware:
+    try:
+        return HARDWARE[name]
+    except KeyError:
+        raise ValueError(f"unknown hardware {name!r}; known: {sorted(HARDWARE)}") from None

@@ -1,0 +1,163 @@
+"""Per-request rows and the replay summary, from a finished ``Pipeline``.
+
+Definitions (as common serving benchmarks use them): TTFT = first token at the
+client - arrival; TPOT = (E2E - TTFT) / (output tokens - 1), for requests with
+more than one token; ITL = gaps between streamed chunks (tokens of one step
+arrive together); E2E = last token at the client - arrival. Goodput counts
+completed requests per second that meet every SLO given (a bound left out is
+not checked; TPOT is not checked for one-token requests).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from sim.pipeline import Pipeline
+
+REQUEST_COLUMNS = (
+    "rid",
+    "status",
+    "reason",
+    "arrival",
+    "tokenize_start",
+    "tokenized",
+    "sched_arrival",
+    "first_scheduled",
+    "first_token",
+    "finished",
+    "input_tokens",
+    "output_tokens",
+    "cached_tokens",
+    "num_preemptions",
+    "ttft_ms",
+    "tpot_ms",
+    "e2e_ms",
+    "tokenizer_queue_ms",
+    "tokenize_ms",
+    "ipc_ms",
+    "scheduler_wait_ms",
+    "prefill_ms",
+    "decode_ms",
+    "detokenize_ms",
+    "frontend_ms",
+)
+LATENCY_KEYS = ("ttft_ms", "tpot_ms", "itl_ms", "e2e_ms")
+
+
+def request_frame(p: Pipeline) -> pd.DataFrame:
+    t = {k: np.asarray(v, dtype=np.float64) for k, v in p.times.items()}
+    out_tokens = np.asarray(p.output_tokens, dtype=np.int64)
+    completed = np.asarray([s == "completed" for s in p.status])
+    ttft = np.where(completed, (t["first_token"] - t["arrival"]) * 1e3, np.nan)
+    e2e = np.where(completed, (t["finished"] - t["arrival"]) * 1e3, np.nan)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        tpot = np.where(completed & (out_tokens > 1), (e2e - ttft) / (out_tokens - 1), np.nan)
+    frontend = p.cpu.frontend
+    return pd.DataFrame(
+        {
+            "rid": [r.rid for r in p.trace],
+            "status": p.status,
+            "reason": p.reason,
+            "arrival": t["arrival"],
+            "tokenize_start": t["tokenize_start"],
+            "tokenized": t["tokenized"],
+            "sched_arrival": t["sched_arrival"],
+            "first_scheduled": t["first_scheduled"],
+            "first_token": t["first_token"],
+            "finished": t["finished"],
+            "input_tokens": np.asarray([r.input_length for r in p.trace], dtype=np.int64),
+            "output_tokens": out_tokens,
+            "cached_tokens": np.asarray(p.cached_tokens, dtype=np.int64),
+            "num_preemptions": np.asarray(p.preemptions, dtype=np.int64),
+            "ttft_ms": ttft,
+            "tpot_ms": tpot,
+            "e2e_ms": e2e,
+            "tokenizer_queue_ms": (t["tokenize_start"] - t["tokenizer_enter"]) * 1e3,
+            "tokenize_ms": (t["tokenized"] - t["tokenize_start"]) * 1e3,
+            "ipc_ms": (
+                t["tokenizer_enter"] - t["arrival"] - frontend + t["sched_arrival"] - t["tokenized"]
+            )
+            * 1e3,
+            "scheduler_wait_ms": (t["first_scheduled"] - t["sched_arrival"]) * 1e3,
+            "prefill_ms": (t["first_token"] - t["first_scheduled"]) * 1e3,
+            "decode_ms": (t["finished"] - t["first_token"]) * 1e3,
+            "detokenize_ms": np.asarray(p.detokenize_s) * 1e3,
+            "frontend_ms": np.full(len(p.trace), frontend * 1e3),
+        },
+        columns=list(REQUEST_COLUMNS),
+    )
+
+
+def _stats(values: np.ndarray) -> dict[str, float | None]:
+    v = values[~np.isnan(values)]
+    if len(v) == 0:
+        return {"mean": None, "p50": None, "p90": None, "p99": None}
+    p50, p90, p99 = np.percentile(v, [50, 90, 99])
+    return {"mean": float(v.mean()), "p50": float(p50), "p90": float(p90), "p99": float(p99)}
+
+
+def summarize(
+    requests: pd.DataFrame,
+    itl_s: np.ndarray,
+    *,
+    num_steps: int,
+    prefix_hit_rate: float,
+    slo_ttft_ms: float | None,
+    slo_tpot_ms: float | None,
+) -> dict[str, Any]:
+    """The headline numbers of ``summary.json`` (config and provenance are added by the caller)."""
+    done = requests[requests["status"] == "completed"]
+    ends = requests["finished"].to_numpy()
+    start = float(requests["arrival"].min()) if len(requests) else 0.0
+    end = float(np.nanmax(ends)) if np.isfinite(ends).any() else start
+    duration = max(end - start, 0.0)
+
+    def per_s(x: float) -> float:
+        return x / duration if duration > 0 else 0.0
+
+    good = np.ones(len(done), dtype=bool)
+    if slo_ttft_ms is not None:
+        good &= done["ttft_ms"].to_numpy() <= slo_ttft_ms
+    if slo_tpot_ms is not None:
+        tpot = done["tpot_ms"].to_numpy()
+        good &= np.isnan(tpot) | (tpot <= slo_tpot_ms)
+    rejected = requests[requests["status"] == "rejected"]
+    reasons = rejected["reason"].str.replace(r"^request \S+: ", "", regex=True)
+    summary: dict[str, Any] = {
+        "num_requests": len(requests),
+        "completed": len(done),
+        "rejected": len(rejected),
+        "rejected_reasons": {str(k): int(v) for k, v in reasons.value_counts().items()},
+        "duration_s": duration,
+        "request_throughput": per_s(len(done)),
+        "output_throughput": per_s(float(done["output_tokens"].sum())),
+        "input_throughput": per_s(float(done["input_tokens"].sum())),
+        "goodput": {
+            "value": per_s(float(good.sum())),
+            "slo_ttft_ms": slo_ttft_ms,
+            "slo_tpot_ms": slo_tpot_ms,
+        },
+        "prefix_hit_rate": prefix_hit_rate,
+        "num_steps": num_steps,
+    }
+    for key in ("ttft_ms", "tpot_ms", "e2e_ms"):
+        summary[key] = _stats(done[key].to_numpy(dtype=np.float64))
+    summary["itl_ms"] = _stats(np.asarray(itl_s, dtype=np.float64) * 1e3)
+    return summary
+
+
+def json_safe(obj: Any) -> Any:
+    """``obj`` with NaN/inf as None and numpy scalars as Python numbers."""
+    if isinstance(obj, dict):
+        return {str(k): json_safe(v) for k, v in obj.items()}
+    if isinstance(obj, list | tuple):
+        return [json_safe(v) for v in obj]
+    if isinstance(obj, np.generic):
+        obj = obj.item()
+    if isinstance(obj, float) and not math.isfinite(obj):
+        return None
+    return obj

@@ -1,0 +1,116 @@
+"""Latency CDFs (TTFT, TPOT, ITL, E2E) with P50/P90/P99 marked."""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+import plotly.graph_objects as go
+from plotly.subplots import make_subplots
+
+from sim.report.binning import MAX_POINTS
+from sim.report.frames import numeric
+from sim.report.plotting import annotate_no_data
+from sim.report.stages import completed_requests
+
+PERCENTILES = (50, 90, 99)
+PERCENTILE_COLORS = {50: "#2ca02c", 90: "#ff7f0e", 99: "#d62728"}
+LOG_AXIS_RATIO = 50.0
+"""Use a log x axis when P99 / P1 exceeds this (heavy tails)."""
+TAIL_RANGE = 1.5
+"""A linear x axis ends at this multiple of P99 when the maximum lies further out."""
+
+
+def cdf_points(values: np.ndarray, max_points: int = MAX_POINTS) -> tuple[np.ndarray, np.ndarray]:
+    """At most ``max_points`` (value, cumulative fraction) points of the empirical CDF.
+
+    The smallest and the largest value are always kept.
+    """
+    v = np.sort(values[np.isfinite(values)])
+    if not v.size:
+        return v, v
+    idx = np.unique(np.linspace(0, v.size - 1, min(v.size, max_points)).round().astype(np.int64))
+    return v[idx], (idx + 1) / v.size
+
+
+def latency_series(requests: pd.DataFrame, itl_s: np.ndarray | None) -> dict[str, np.ndarray]:
+    """Latencies in ms by metric name; ITL comes from the pooled inter-token gaps."""
+    done = completed_requests(requests)
+    itl = np.asarray(itl_s, dtype=float) * 1e3 if itl_s is not None else np.array([])
+    return {
+        "TTFT": numeric(done, "ttft_ms"),
+        "TPOT": numeric(done, "tpot_ms"),
+        "ITL": itl,
+        "E2E": numeric(done, "e2e_ms"),
+    }
+
+
+def latency_cdf_figure(requests: pd.DataFrame, itl_s: np.ndarray | None) -> go.Figure:
+    series = latency_series(requests, itl_s)
+    names = list(series)
+    titles = [f"<b>{n}</b> (ms)" for n in names]
+    fig = make_subplots(
+        rows=2,
+        cols=2,
+        subplot_titles=[f"{n} (ms)" for n in names],
+        horizontal_spacing=0.08,
+        vertical_spacing=0.16,
+    )
+    for i, name in enumerate(names):
+        row, col = i // 2 + 1, i % 2 + 1
+        values = series[name]
+        finite = values[np.isfinite(values)]
+        if not finite.size:
+            annotate_no_data(fig, row, col)
+            continue
+        x, y = cdf_points(finite)
+        fig.add_trace(
+            go.Scatter(
+                x=x,
+                y=y,
+                mode="lines",
+                line={"color": "#1f77b4", "width": 2},
+                name=name,
+                showlegend=False,
+                hovertemplate=f"{name} %{{x:.1f}} ms<br>CDF %{{y:.3f}}<extra></extra>",
+            ),
+            row=row,
+            col=col,
+        )
+        qs = np.percentile(finite, PERCENTILES)
+        for p, q in zip(PERCENTILES, qs, strict=True):
+            fig.add_vline(
+                x=float(q),
+                line={"color": PERCENTILE_COLORS[p], "dash": "dot", "width": 1},
+                row=row,
+                col=col,
+            )
+        fig.add_trace(
+            go.Scatter(
+                x=qs,
+                y=[p / 100 for p in PERCENTILES],
+                mode="markers",
+                marker={"color": [PERCENTILE_COLORS[p] for p in PERCENTILES], "size": 9},
+                text=[f"P{p} {q:,.1f} ms" for p, q in zip(PERCENTILES, qs, strict=True)],
+                showlegend=False,
+                hoverinfo="text",
+            ),
+            row=row,
+            col=col,
+        )
+        titles[i] = f"<b>{name}</b> (ms): " + " · ".join(
+            f"<span style='color:{PERCENTILE_COLORS[p]}'>P{p} {q:,.1f}</span>"
+            for p, q in zip(PERCENTILES, qs, strict=True)
+        )
+        lo, hi = np.percentile(finite, 1), float(qs[-1])
+        log_axis = lo > 0 and hi / lo > LOG_AXIS_RATIO
+        fig.update_xaxes(type="log" if log_axis else "linear", row=row, col=col)
+        top = float(finite.max())
+        if not log_axis and top > TAIL_RANGE * hi > 0:
+            left = min(0.0, float(finite.min()))
+            fig.update_xaxes(range=[left, TAIL_RANGE * hi], row=row, col=col)
+            titles[i] += f" · max {top:,.1f} (zoom out)"
+        fig.update_yaxes(range=[0, 1.04], title_text="fraction", row=row, col=col)
+    for annotation, title in zip(fig.layout.annotations, titles, strict=False):
+        annotation.text = title
+    fig.update_layout(height=660, margin={"t": 60, "b": 40, "l": 60, "r": 30})
+    return fig

@@ -1,0 +1,18 @@
+"""Request traces: Mooncake-style JSONL, the Azure CSV, and synthetic generators."""
+
+from __future__ import annotations
+
+from sim.traces.load import detect_format, load_trace
+from sim.traces.record import Trace, TraceError, TraceRequest
+from sim.traces.synth import LengthSpec, arrival_times, generate
+
+__all__ = [
+    "LengthSpec",
+    "Trace",
+    "TraceError",
+    "TraceRequest",
+    "arrival_times",
+    "detect_format",
+    "generate",
+    "load_trace",
+]

@@ -1,0 +1,138 @@
+"""Cost models: the roofline's physics, the table fit, profile provenance and CPU costs."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from sim.costs import (
+    DEFAULT_CPU_PROFILE,
+    CostSpec,
+    ProfileError,
+    RooflineCostModel,
+    StepShape,
+    TableCostModel,
+    hardware,
+    load_cpu_costs,
+    make_cost_model,
+    model_shape,
+    read_profile,
+)
+from sim.costs.roofline import KERNELS_PER_LAYER, KERNELS_PER_STEP
+
+PROVENANCE = "# hardware: test cpu\n# model: test\n# date: 2026-11-29\n# command: pytest\n"
+HEADER = "kind,prefill_tokens,decode_requests,context_tokens,tp,duration_s\n"
+
+
+def decode_shape(batch: int, context: int) -> StepShape:
+    return StepShape(0, batch, context, context, 0, batch)
+
+
+def test_llama_decode_is_memory_bound_at_small_batch() -> None:
+    llama, h200 = model_shape("llama-3.1-8b"), hardware("h200")
+    roof = RooflineCostModel(llama, h200)
+    t = roof.step_time(decode_shape(1, 1000))
+    weights = llama.weights_read_per_step * 2
+    kv = 1001 * llama.kv_bytes_per_token("bf16")
+    overhead = (KERNELS_PER_LAYER * llama.layers + KERNELS_PER_STEP) * h200.kernel_floor_s
+    assert t == pytest.approx((weights + kv) / h200.mem_bandwidth + overhead, rel=1e-12)
+    assert 3e-3 < t < 5e-3  # ~16 GB of weights at ~4.3 TB/s
+
+
+def test_llama_large_prefill_is_compute_bound() -> None:
+    roof = RooflineCostModel(model_shape("llama-3.1-8b"), hardware("h200"))
+    n = 8192
+    shape = StepShape(n, 0, n, 0, n * (n + 1) // 2, 1)
+    t = roof.step_time(shape)
+    assert t > roof.step_time(StepShape(1, 0, 1, 0, 1, 1)) * 10
+    linear = 2 * model_shape("llama-3.1-8b").layers * model_shape("llama-3.1-8b").layer_params * n
+    assert t > linear / 797e12  # at least the matmul FLOPs at peak
+
+
+def test_decode_times_match_single_steps() -> None:
+    for name in ("llama-3.1-8b", "qwen3-0.6b", "smollm2-135m"):
+        roof = RooflineCostModel(model_shape(name), hardware("h200"))
+        batch, context, k = 37, 20_000, 50
+        run = roof.decode_times(batch, context, k)
+        single = [roof.step_time(decode_shape(batch, context + i * batch)) for i in range(k)]
+        np.testing.assert_allclose(run, single, rtol=1e-12)
+
+
+def test_tensor_parallel_splits_work_and_adds_all_reduce() -> None:
+    llama, h200 = model_shape("llama-3.1-8b"), hardware("h200")
+    one = RooflineCostModel(llama, h200, tp=1).step_time(decode_shape(8, 8000))
+    two = RooflineCostModel(llama, h200, tp=2).step_time(decode_shape(8, 8000))
+    assert one / 2 < two < one
+    with pytest.raises(ValueError, match="must divide"):
+        RooflineCostModel(llama, h200, tp=3)
+
+
+def test_unknown_names_are_clear_errors() -> None:
+    with pytest.raises(ValueError, match="unknown cost model 'magic'"):
+        make_cost_model("magic", CostSpec())
+    with pytest.raises(ValueError, match="unknown model preset"):
+        model_shape("gpt-5")
+    with pytest.raises(ProfileError, match="needs a profile"):
+        make_cost_model("table", CostSpec())
+
+
+def _roofline_profile(path: Path, roof: RooflineCostModel, tp: int = 1) -> Path:
+    rows = []
+    for batch in (1, 4, 16, 64):
+        for context in (batch * 100, batch * 1000, batch * 4000):
+            t = roof.step_time(decode_shape(batch, context))
+            rows.append(f"decode,0,{batch},{context},{tp},{t!r}")
+    rows.append("tokenize,0,0,0,1,2e-6")
+    rows.append("tokenize,0,0,0,1,4e-6")
+    path.write_text(PROVENANCE + HEADER + "\n".join(rows) + "\n")
+    return path
+
+
+def test_table_model_recovers_a_linear_regime(tmp_path: Path) -> None:
+    roof = RooflineCostModel(model_shape("llama-3.1-8b"), hardware("h200"))
+    profile = read_profile(_roofline_profile(tmp_path / "p.csv", roof))
+    table = TableCostModel(profile, tp=1)
+    assert table.fit_error < 1e-6
+    for batch, context in ((2, 700), (30, 50_000)):
+        shape = decode_shape(batch, context)
+        assert table.step_time(shape) == pytest.approx(roof.step_time(shape), rel=1e-6)
+    np.testing.assert_allclose(
+        table.decode_times(8, 9000, 5),
+        [table.step_time(decode_shape(8, 9000 + 8 * i)) for i in range(5)],
+        rtol=1e-12,
+    )
+    assert "test cpu" in table.provenance and str(tmp_path) in table.provenance
+    with pytest.raises(ProfileError, match="no GPU step rows for tp=2"):
+        TableCostModel(profile, tp=2)
+
+
+def test_profile_needs_provenance_and_valid_rows(tmp_path: Path) -> None:
+    bare = tmp_path / "bare.csv"
+    bare.write_text(HEADER + "decode,0,1,10,1,0.001\n")
+    with pytest.raises(ProfileError, match="provenance lacks"):
+        read_profile(bare)
+    (tmp_path / "bare.csv.json").write_text(
+        '{"hardware": "h", "model": "m", "date": "d", "command": "c"}'
+    )
+    assert read_profile(bare).provenance["hardware"] == "h"
+    bad = tmp_path / "bad.csv"
+    bad.write_text(PROVENANCE + HEADER + "decode,0,1,10,1,0.001\nwarp,0,1,1,1,1\n")
+    with pytest.raises(ProfileError, match=r"bad\.csv:7: unknown kind 'warp'"):
+        read_profile(bad)
+    bad.write_text(PROVENANCE + HEADER + "decode,0,x,10,1,0.001\n")
+    with pytest.raises(ProfileError, match=r"bad\.csv:6: non-numeric"):
+        read_profile(bad)
+
+
+def test_cpu_costs_default_file_and_overrides(tmp_path: Path) -> None:
+    default = load_cpu_costs(None)
+    assert DEFAULT_CPU_PROFILE.samefile(default.source)
+    assert 0 < default.tokenize < 1e-3 and 0 < default.ipc < 1e-2
+    assert "measure_cpu_costs.py" in default.provenance
+    roof = RooflineCostModel(model_shape("smollm2-135m"), hardware("h200"))
+    profile = read_profile(_roofline_profile(tmp_path / "p.csv", roof))
+    mixed = load_cpu_costs(profile)
+    assert mixed.tokenize == pytest.approx(3e-6)  # mean of the profile's rows
+    assert mixed.ipc == default.ipc  # the rest from the default file

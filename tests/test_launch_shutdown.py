@@ -1,0 +1,93 @@
+"""Process lifecycle of ``engine serve``: readiness, shutdown, a dying child, auth."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+from conftest import MODEL, descendants, start_server, stop_server, wait_gone
+
+pytestmark = pytest.mark.slow
+
+
+def cmdline(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
+    except OSError:
+        return ""
+
+
+def test_sigterm_stops_every_process_and_auth_is_enforced(model_ready: str) -> None:
+    server = start_server("--api-key", "s3cret", "--num-tokenizers", "2")
+    try:
+        family = descendants(server.pid)
+        roles = sorted(
+            cmdline(p).split("engine.launch.child ")[1].split()[0]
+            for p in family
+            if "engine.launch.child" in cmdline(p)
+        )
+        assert roles == ["detokenizer", "scheduler", "tokenizer", "tokenizer"]
+        body = {"model": MODEL, "prompt": "Hi", "max_tokens": 2}
+        assert httpx.post(f"{server.url}/v1/completions", json=body, timeout=60).status_code == 401
+        wrong = {"Authorization": "Bearer nope"}
+        resp = httpx.post(f"{server.url}/v1/completions", json=body, headers=wrong, timeout=60)
+        assert resp.status_code == 401 and resp.json()["error"]["code"] == "invalid_api_key"
+        good = {"Authorization": "Bearer s3cret"}
+        assert (
+            httpx.post(
+                f"{server.url}/v1/completions", json=body, headers=good, timeout=60
+            ).status_code
+            == 200
+        )
+        assert httpx.get(f"{server.url}/health", timeout=10).status_code == 200
+        run_dir = Path(server.log().split("run dir ", 1)[1].split()[0])
+        assert run_dir.is_dir() and (run_dir.stat().st_mode & 0o777) == 0o700
+        server.proc.send_signal(signal.SIGTERM)
+        assert server.proc.wait(30) == 0
+        assert not wait_gone(family, 10), "children outlived SIGTERM"
+        assert not run_dir.exists()
+    finally:
+        stop_server(server)
+
+
+def test_a_dead_child_takes_the_server_down(model_ready: str) -> None:
+    server = start_server()
+    try:
+        family = descendants(server.pid)
+        detok = [p for p in family if "child detokenizer" in cmdline(p)]
+        assert len(detok) == 1
+        os.kill(detok[0], signal.SIGKILL)
+        deadline = time.monotonic() + 30
+        while server.proc.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert server.proc.poll() == 1, "the server kept running without its detokenizer"
+        assert not wait_gone(family, 10), "processes left behind"
+        assert "detokenizer0" in server.log() and "exited" in server.log()
+    finally:
+        stop_server(server, check=False)
+
+
+def test_children_exit_when_the_server_is_killed(model_ready: str) -> None:
+    server = start_server()
+    family = descendants(server.pid)
+    assert family
+    server.proc.send_signal(signal.SIGKILL)
+    server.proc.wait()
+    assert not wait_gone(family, 15), "children outlived a SIGKILLed parent"
+
+
+def test_unknown_model_is_a_clear_cli_error() -> None:
+    out = subprocess.run(
+        [sys.executable, "-m", "engine.cli", "serve", "--model", "no-such-model", "--port", "0"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert out.returncode == 2
+    assert "no-such-model" in out.stderr and "Traceback" not in out.stderr

@@ -1,0 +1,134 @@
+"""The real ``openai`` client against a real server: chat and completions, streamed or not."""
+
+from __future__ import annotations
+
+import pytest
+from conftest import MODEL, Server
+from openai import OpenAI
+
+pytestmark = pytest.mark.slow
+
+CHAT = [{"role": "user", "content": "Name three colors."}]
+
+
+@pytest.fixture(scope="module")
+def client(server: Server) -> OpenAI:
+    return OpenAI(base_url=f"{server.url}/v1", api_key="unused", timeout=60, max_retries=0)
+
+
+def test_models_lists_the_served_model(client: OpenAI) -> None:
+    assert [m.id for m in client.models.list().data] == [MODEL]
+
+
+def test_chat_non_streaming(client: OpenAI) -> None:
+    out = client.chat.completions.create(
+        model=MODEL,
+        messages=CHAT,
+        max_tokens=12,
+        temperature=0,  # type: ignore[arg-type]
+    )
+    choice = out.choices[0]
+    assert choice.message.role == "assistant"
+    assert choice.message.content
+    assert choice.finish_reason in ("stop", "length")
+    assert out.usage is not None
+    assert out.usage.prompt_tokens > 10  # the chat template adds a system turn
+    assert 1 <= out.usage.completion_tokens <= 12
+    assert out.usage.total_tokens == out.usage.prompt_tokens + out.usage.completion_tokens
+
+
+def test_chat_streaming_matches_non_streaming(client: OpenAI) -> None:
+    full = client.chat.completions.create(
+        model=MODEL,
+        messages=CHAT,
+        max_tokens=12,
+        temperature=0,  # type: ignore[arg-type]
+    )
+    chunks = list(
+        client.chat.completions.create(
+            model=MODEL,
+            messages=CHAT,  # type: ignore[arg-type]
+            max_tokens=12,
+            temperature=0,
+            stream=True,
+            stream_options={"include_usage": True},
+        )
+    )
+    assert chunks[0].choices[0].delta.role == "assistant"
+    text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    assert text == full.choices[0].message.content
+    finishes = [c.choices[0].finish_reason for c in chunks if c.choices]
+    assert finishes[-1] == full.choices[0].finish_reason
+    assert all(f is None for f in finishes[:-1])
+    assert chunks[-1].choices == []
+    assert chunks[-1].usage is not None
+    assert chunks[-1].usage.completion_tokens == full.usage.completion_tokens  # type: ignore[union-attr]
+
+
+def test_completion_non_streaming_hits_length(client: OpenAI) -> None:
+    out = client.completions.create(
+        model=MODEL,
+        prompt="Once upon a time",
+        max_tokens=8,
+        temperature=0,
+        extra_body={"ignore_eos": True},
+    )
+    assert out.choices[0].finish_reason == "length"
+    assert out.usage is not None and out.usage.completion_tokens == 8
+    assert out.choices[0].text
+
+
+def test_completion_streaming_and_token_id_prompt(client: OpenAI, model_ready: str) -> None:
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(model_ready)
+    ids = tok.encode("The capital of France is", add_special_tokens=False)
+    full = client.completions.create(model=MODEL, prompt=ids, max_tokens=8, temperature=0)
+    stream = client.completions.create(
+        model=MODEL, prompt="The capital of France is", max_tokens=8, temperature=0, stream=True
+    )
+    chunks = list(stream)
+    assert "".join(c.choices[0].text for c in chunks) == full.choices[0].text
+    assert chunks[-1].choices[0].finish_reason == full.choices[0].finish_reason
+    assert full.usage is not None and full.usage.prompt_tokens == len(ids)
+
+
+def test_stop_string_truncates_and_finishes_with_stop(client: OpenAI) -> None:
+    base = client.completions.create(
+        model=MODEL,
+        prompt="1, 2, 3, 4,",
+        max_tokens=12,
+        temperature=0,
+        extra_body={"ignore_eos": True},
+    )
+    text = base.choices[0].text
+    assert len(text) > 4
+    stop = text[2:4]
+    cut = text[: text.index(stop)]
+    for stream in (False, True):
+        out = client.completions.create(
+            model=MODEL,
+            prompt="1, 2, 3, 4,",
+            max_tokens=12,
+            temperature=0,
+            stop=[stop],
+            stream=stream,
+        )
+        if stream:
+            chunks = list(out)  # type: ignore[call-overload]
+            got = "".join(c.choices[0].text for c in chunks)
+            reason = chunks[-1].choices[0].finish_reason
+        else:
+            got, reason = out.choices[0].text, out.choices[0].finish_reason  # type: ignore[union-attr]
+        assert got == cut
+        assert reason == "stop"
+
+
+def test_seeded_sampling_repeats(client: OpenAI) -> None:
+    def sample() -> str:
+        out = client.completions.create(
+            model=MODEL, prompt="My favourite food is", max_tokens=10, temperature=1.0, seed=1234
+        )
+        return out.choices[0].text
+
+    assert sample() == sample()

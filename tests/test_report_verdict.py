@@ -1,0 +1,167 @@
+"""The bottleneck verdict names the limit that the data shows, by its documented rules."""
+
+from __future__ import annotations
+
+import io
+import json
+from dataclasses import replace
+from typing import Any
+
+import pandas as pd
+import pytest
+from test_report_synth import Scenario, synthetic_run
+
+from sim.report import bottleneck_verdict
+from sim.report.verdict import (
+    GPU_BUSY_FRACTION,
+    LIMIT_STEP_FRACTION,
+    TOKENIZER_TTFT_SHARE,
+    WAITING_STEP_FRACTION,
+)
+
+
+def loaded(**changes: Any) -> Scenario:
+    """A busy run with requests waiting at most steps."""
+    base = Scenario(busy=0.96, waiting_fraction=0.6, scheduler_wait_ms=300.0)
+    return replace(base, **changes)
+
+
+CASES = {
+    "kv_memory": loaded(blocked={"kv_memory": 0.3}, kv_utilization=0.97, preempt_fraction=0.02),
+    "running_cap": loaded(blocked={"running_cap": 0.2}, running_at_cap_fraction=0.5),
+    "prefill_budget": loaded(blocked={"prefill_budget": 0.35}),
+    "tokenizer": Scenario(busy=0.6, tokenizer_queue_ms=250.0, scheduler_wait_ms=3.0),
+    "gpu_compute": loaded(blocked={"prefill_budget": 0.03}),
+    "none": Scenario(),
+}
+
+
+def verdict_of(s: Scenario) -> dict[str, Any]:
+    run = synthetic_run(s)
+    return bottleneck_verdict(run.summary, run.requests, run.steps, run.queues)
+
+
+@pytest.mark.parametrize("limit", list(CASES))
+def test_verdict_names_the_binding_limit(limit: str) -> None:
+    verdict = verdict_of(CASES[limit])
+    assert verdict["binding_limit"] == limit
+    json.dumps(verdict, allow_nan=False)
+
+
+def test_each_admission_limit_stops_binding_below_its_threshold() -> None:
+    below = LIMIT_STEP_FRACTION / 2
+    for reason in ("kv_memory", "running_cap", "prefill_budget"):
+        s = Scenario(busy=0.5, waiting_fraction=0.05, blocked={reason: below})
+        verdict = verdict_of(s)
+        assert verdict["limit_scores"][reason] == pytest.approx(below, abs=0.02)
+        assert verdict["binding_limit"] == "none"
+
+
+def test_the_admission_limit_with_most_blocked_steps_wins() -> None:
+    s = loaded(blocked={"kv_memory": 0.15, "running_cap": 0.3})
+    assert verdict_of(s)["binding_limit"] == "running_cap"
+    s = loaded(blocked={"kv_memory": 0.3, "running_cap": 0.15})
+    assert verdict_of(s)["binding_limit"] == "kv_memory"
+
+
+def test_preemptions_alone_point_at_kv_memory() -> None:
+    s = Scenario(busy=0.7, waiting_fraction=0.2, preempt_fraction=2 * LIMIT_STEP_FRACTION)
+    verdict = verdict_of(s)
+    assert verdict["binding_limit"] == "kv_memory"
+    assert verdict["evidence"]["preemptions"] > 0
+
+
+def test_running_at_cap_with_waiting_requests_points_at_the_cap() -> None:
+    s = Scenario(busy=0.7, waiting_fraction=0.6, running_at_cap_fraction=0.5)
+    verdict = verdict_of(s)
+    assert verdict["binding_limit"] == "running_cap"
+    assert verdict["evidence"]["running_at_cap_fraction"] > LIMIT_STEP_FRACTION
+
+
+def test_gpu_compute_needs_both_a_busy_engine_and_waiting_requests() -> None:
+    idle_queue = Scenario(busy=0.97, waiting_fraction=WAITING_STEP_FRACTION / 3)
+    assert verdict_of(idle_queue)["binding_limit"] == "none"
+    not_busy = Scenario(busy=GPU_BUSY_FRACTION - 0.2, waiting_fraction=0.6)
+    assert verdict_of(not_busy)["binding_limit"] == "none"
+
+
+def test_tokenizer_binds_only_when_its_queue_outweighs_the_scheduler_wait() -> None:
+    s = loaded(scheduler_wait_ms=500.0, tokenizer_queue_ms=350.0)
+    verdict = verdict_of(s)
+    assert verdict["evidence"]["tokenizer_queue_share_of_ttft"] >= TOKENIZER_TTFT_SHARE
+    assert verdict["binding_limit"] == "gpu_compute"
+
+
+def test_dominant_stages_follow_the_stage_times() -> None:
+    verdict = verdict_of(CASES["kv_memory"])
+    assert verdict["dominant_stage"] == "decode"
+    assert verdict["dominant_ttft_stage"] == "scheduler_wait"
+    assert verdict_of(CASES["tokenizer"])["dominant_ttft_stage"] == "tokenizer_queue"
+    assert verdict_of(CASES["none"])["dominant_ttft_stage"] == "prefill"
+
+
+def test_stage_shares_are_ratios_of_means_over_completed_requests() -> None:
+    run = synthetic_run(Scenario(rejected=7))
+    verdict = bottleneck_verdict(run.summary, run.requests, run.steps, run.queues)
+    done = run.requests[run.requests["status"] == "completed"]
+    assert verdict["stage_shares"]["decode"] == pytest.approx(
+        done["decode_ms"].mean() / done["e2e_ms"].mean()
+    )
+    assert verdict["ttft_stage_shares"]["prefill"] == pytest.approx(
+        done["prefill_ms"].mean() / done["ttft_ms"].mean()
+    )
+    assert verdict["evidence"]["rejected_fraction"] == pytest.approx(7 / len(run.requests))
+
+
+def test_text_quotes_the_figures_it_rests_on() -> None:
+    verdict = verdict_of(CASES["kv_memory"])
+    ev = verdict["evidence"]
+    assert f"{100 * ev['blocked_fraction']['kv_memory']:.0f}% of steps" in verdict["text"]
+    assert f"{ev['preemptions']:.0f} preemptions" in verdict["text"]
+    assert f"{100 * verdict['stage_shares']['decode']:.0f}%" in verdict["text"]
+
+
+def test_busy_fraction_is_step_time_over_run_duration() -> None:
+    run = synthetic_run(CASES["gpu_compute"])
+    verdict = bottleneck_verdict(run.summary, run.requests, run.steps, run.queues)
+    expected = run.steps["duration_s"].sum() / run.summary["duration_s"]
+    assert verdict["evidence"]["busy_fraction"] == pytest.approx(expected)
+
+
+def test_csv_round_trip_and_a_bare_summary_give_the_same_limit() -> None:
+    run = synthetic_run(CASES["prefill_budget"])
+    buf = io.StringIO()
+    run.steps.to_csv(buf, index=False)
+    buf.seek(0)
+    steps = pd.read_csv(buf)
+    assert steps["blocked"].isna().any()
+    bare = {"duration_s": run.summary["duration_s"]}
+    verdict = bottleneck_verdict(bare, run.requests, steps, run.queues)
+    assert verdict["binding_limit"] == "prefill_budget"
+    categorical = steps.assign(blocked=pd.Categorical(steps["blocked"]))
+    again = bottleneck_verdict(bare, run.requests, categorical, run.queues)
+    assert again["limit_scores"] == verdict["limit_scores"]
+    assert verdict["limit_scores"]["prefill_budget"] == pytest.approx(
+        (run.steps["blocked"] == "prefill_budget").mean()
+    )
+
+
+def test_empty_run_is_underloaded_and_serializable() -> None:
+    empty = pd.DataFrame()
+    verdict = bottleneck_verdict({}, empty, empty, empty)
+    assert verdict["binding_limit"] == "none"
+    assert verdict["dominant_stage"] is None
+    json.dumps(verdict, allow_nan=False)
+
+
+def test_running_cap_labels_below_the_cap_do_not_count() -> None:
+    s = loaded(
+        blocked={"running_cap": 0.7, "kv_memory": 0.15},
+        running_cap_at_cap=False,
+        kv_utilization=0.96,
+    )
+    verdict = verdict_of(s)
+    ev = verdict["evidence"]
+    assert ev["blocked_fraction"]["running_cap"] == pytest.approx(0.7, abs=0.03)
+    assert ev["running_cap_below_cap_fraction"] == pytest.approx(0.7, abs=0.03)
+    assert verdict["binding_limit"] == "kv_memory"

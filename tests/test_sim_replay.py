@@ -1,0 +1,155 @@
+"""``sim replay`` end to end: output files and columns, fast-forward equivalence, determinism."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from sim.cli import main
+from sim.config import build_config
+from sim.metrics import REQUEST_COLUMNS
+from sim.replay import run_replay
+from sim.steplog import STEP_COLUMNS
+from sim.traces import load_trace
+
+ROOT = Path(__file__).resolve().parents[1]
+SUMMARY_KEYS = {
+    "num_requests", "completed", "rejected", "duration_s", "request_throughput",
+    "output_throughput", "input_throughput", "goodput", "prefix_hit_rate", "ttft_ms", "tpot_ms",
+    "itl_ms", "e2e_ms", "config", "cost_model", "wall_s", "num_steps", "trace",
+}  # fmt: skip
+
+
+def test_replay_writes_the_contracted_outputs(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    out = tmp_path / "out"
+    rc = main(["replay", str(ROOT / "traces" / "mooncake_conversation.jsonl"), "--limit", "40",
+               "--rate-scale", "4", "--model", "qwen3-0.6b", "--slo-ttft-ms", "500",
+               "--slo-tpot-ms", "50", "--no-progress", "--out", str(out)])  # fmt: skip
+    assert rc == 0
+    printed = capsys.readouterr().out
+    assert "ttft_ms" in printed and "roofline" in printed
+    requests = pd.read_csv(out / "requests.csv")
+    assert list(requests.columns)[: len(REQUEST_COLUMNS)] == list(REQUEST_COLUMNS)
+    assert len(requests) == 40 and set(requests["status"]) <= {"completed", "rejected"}
+    steps = pd.read_csv(out / "steps.csv")
+    assert list(steps.columns) == list(STEP_COLUMNS)
+    assert (steps["step"].diff().dropna() == 1).all()
+    assert (steps["time"].diff().dropna() > 0).all()
+    queues = pd.read_csv(out / "queues.csv")
+    assert list(queues.columns) == ["time", "stage", "queue_len"]
+    assert set(queues["stage"]) <= {"tokenizer", "scheduler", "detokenizer"}
+    summary = json.loads((out / "summary.json").read_text())
+    assert set(summary) >= SUMMARY_KEYS
+    for key in ("ttft_ms", "tpot_ms", "itl_ms", "e2e_ms"):
+        assert set(summary[key]) == {"mean", "p50", "p90", "p99"}
+    assert summary["goodput"]["slo_ttft_ms"] == 500
+    assert summary["cost_model"]["name"] == "roofline" and summary["cost_model"]["provenance"]
+    assert summary["num_steps"] == len(steps)
+    assert summary["prefix_hit_rate"] > 0  # Mooncake's hash_ids share prefixes
+    assert summary["completed"] + summary["rejected"] == 40
+    if importlib.util.find_spec("sim.report") is not None:
+        assert (out / "report.html").is_file() and "bottleneck" in summary
+
+
+def test_gen_then_replay_and_errors(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    trace = tmp_path / "syn.jsonl"
+    assert main(["gen", "--rate", "50", "--input", "uniform:1:300", "--output", "fixed:5",
+                 "--num", "30", "--seed", "1", "--out", str(trace)]) == 0  # fmt: skip
+    out = tmp_path / "o"
+    assert main(["replay", str(trace), "--out", str(out), "--no-report", "--no-progress"]) == 0
+    assert (pd.read_csv(out / "requests.csv")["output_tokens"] == 5).all()
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"timestamp": 0, "input_length": 1, "output_length": 1}\n{oops\n')
+    assert main(["replay", str(bad), "--out", str(out)]) == 2
+    assert f"{bad}:2: not valid JSON" in capsys.readouterr().err
+
+
+def _frames(
+    trace_path: Path, limit: int, rate_scale: float, **config: object
+) -> tuple[pd.DataFrame, pd.DataFrame]:
+    trace = load_trace(trace_path, limit=limit, rate_scale=rate_scale)
+    result = run_replay(trace, build_config(**config), progress=False)
+    return result.requests, result.steps
+
+
+@pytest.mark.parametrize(
+    ("trace", "config"),
+    [
+        ("azure_conv.csv", {}),
+        ("azure_code.csv", {"overlap": True, "num_tokenizers": 2}),
+        ("mooncake_conversation.jsonl", {"model": "qwen3-0.6b", "num_pages": 3000}),
+        ("azure_conv.csv", {"num_pages": 600, "max_running": 8, "policy": "sjf"}),
+    ],
+)
+def test_fast_forward_changes_nothing(trace: str, config: dict[str, object]) -> None:
+    path = ROOT / "traces" / trace
+    on_req, on_steps = _frames(path, 150, 6.0, fast_forward=True, **config)
+    off_req, off_steps = _frames(path, 150, 6.0, fast_forward=False, **config)
+    assert (on_req["status"] == off_req["status"]).all()
+    np.testing.assert_array_equal(on_req["output_tokens"], off_req["output_tokens"])
+    np.testing.assert_array_equal(on_req["num_preemptions"], off_req["num_preemptions"])
+    np.testing.assert_array_equal(on_req["cached_tokens"], off_req["cached_tokens"])
+    for col in ("first_scheduled", "first_token", "finished", "detokenize_ms"):
+        np.testing.assert_allclose(on_req[col], off_req[col], rtol=1e-9, atol=1e-9)
+    assert len(on_steps) == len(off_steps)
+    for col in ("step", "batch_size", "prefill_tokens", "decode_requests", "context_tokens",
+                "kv_pages_used", "num_running", "num_waiting", "preempted", "cached_tokens",
+                "prompt_tokens"):  # fmt: skip
+        np.testing.assert_array_equal(on_steps[col], off_steps[col])
+    np.testing.assert_array_equal(on_steps["blocked"].astype(str), off_steps["blocked"].astype(str))
+    np.testing.assert_allclose(on_steps["time"], off_steps["time"], rtol=1e-9)
+    assert (on_req["output_tokens"][on_req["status"] == "completed"] > 0).all()
+
+
+def test_replay_is_deterministic() -> None:
+    path = ROOT / "traces" / "azure_code.csv"
+    a_req, a_steps = _frames(path, 120, 3.0)
+    b_req, b_steps = _frames(path, 120, 3.0)
+    pd.testing.assert_frame_equal(a_req, b_req)
+    pd.testing.assert_frame_equal(a_steps, b_steps)
+
+
+def test_overload_is_reported_not_dropped(tmp_path: Path) -> None:
+    trace = tmp_path / "t.jsonl"
+    rows = [
+        {"timestamp": 0, "input_length": 0, "output_length": 4},
+        {"timestamp": 1, "input_length": 40, "output_length": 0},
+        {"timestamp": 2, "input_length": 5000, "output_length": 10},
+        {"timestamp": 3, "input_length": 100, "output_length": 10},
+    ]
+    trace.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    result = run_replay(load_trace(trace), build_config(num_pages=64), progress=False)
+    req = result.requests.set_index("rid")
+    assert list(req["status"]) == ["rejected", "rejected", "rejected", "completed"]
+    assert "empty prompt" in req.loc["L1", "reason"]
+    assert "max_new_tokens" in req.loc["L2", "reason"]
+    assert "KV pages" in req.loc["L3", "reason"]
+    assert result.summary["rejected"] == 3 and len(result.summary["rejected_reasons"]) == 3
+
+
+def test_preemption_under_page_pressure_completes_identically(tmp_path: Path) -> None:
+    trace = tmp_path / "burst.jsonl"
+    rows = [
+        {"timestamp": i, "input_length": 40 + i, "output_length": 120 + 7 * i} for i in range(6)
+    ]
+    trace.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    results = {
+        ff: run_replay(
+            load_trace(trace), build_config(num_pages=30, fast_forward=ff), progress=False
+        )
+        for ff in (True, False)
+    }
+    on, off = results[True].requests, results[False].requests
+    assert (on["status"] == "completed").all()
+    assert on["num_preemptions"].sum() > 0
+    assert list(on["output_tokens"]) == [r["output_length"] for r in rows]
+    np.testing.assert_array_equal(on["num_preemptions"], off["num_preemptions"])
+    np.testing.assert_allclose(on["finished"], off["finished"], rtol=1e-9)
+    assert results[True].summary["fast_forward"]["runs"] > 0

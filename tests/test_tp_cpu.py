@@ -1,0 +1,114 @@
+"""Tensor parallelism on CPU: two processes over gloo give the same tokens as one.
+
+SmolLM2 has 9 query / 3 KV heads, so two ranks split them unevenly (2 + 1 KV
+heads); the MLP splits 1536 = 768 + 768. Rank 1 runs ``follower_main`` in a
+spawned process; this process is rank 0.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+import torch.multiprocessing as mp
+from transformers import AutoTokenizer
+
+from engine.distributed.parallel import head_partition, split_range
+from engine.models.setup import ensure_model
+from engine.runner import ModelRunner, RunnerArgs, StepInputs
+from engine.runner.offline import OfflineEngine, StepRunner
+from engine.runner.tp import TPLeader, decode_step, encode_step, follower_main
+from engine.sampling import SamplingParams
+from engine.scheduler import DecodeSlot, Plan, PrefillChunk, SchedulerConfig
+
+torch.set_num_threads(1)
+
+QUESTIONS = ["What is the capital of France?", "List three prime numbers.", "Say hello."]
+
+
+def test_head_partition_covers_every_head_once() -> None:
+    for heads, kv, tp in [(9, 3, 2), (32, 8, 4), (16, 8, 3), (14, 2, 4), (8, 1, 2)]:
+        shards = [head_partition(heads, kv, tp, r) for r in range(tp)]
+        assert sum(s.q_count for s in shards) == heads
+        assert [s.q_start for s in shards] == sorted(s.q_start for s in shards)
+        group = heads // kv
+        for s in shards:
+            first_kv = s.q_start // group
+            last_kv = (s.q_start + s.q_count - 1) // group
+            assert s.kv_start == first_kv and s.kv_start + s.kv_count - 1 == last_kv
+    assert [split_range(10, 3, i) for i in range(3)] == [(0, 4), (4, 3), (7, 3)]
+    with pytest.raises(ValueError, match="cannot split"):
+        head_partition(6, 2, 3, 0)
+    with pytest.raises(ValueError, match="cannot split"):
+        head_partition(4, 2, 8, 0)
+
+
+def test_step_wire_roundtrip() -> None:
+    plan = Plan(
+        3,
+        1.5,
+        prefill=(PrefillChunk("a", 16, 5, True, (4, 2)),),
+        decode=(DecodeSlot("b", 40, (1, 7, 9)),),
+    )
+    inputs = StepInputs(
+        [[1, 2, 3, 4, 5]], [9], [SamplingParams(temperature=0.5, seed=3)] * 2, [0, 7]
+    )
+    assert decode_step(encode_step(plan, inputs)) == (plan, inputs)
+
+
+def _generate(runner: StepRunner, prompts: list[list[int]]) -> dict[str, list[int]]:
+    engine = OfflineEngine(runner, SchedulerConfig(num_pages=64, max_prefill_tokens=24))
+    for i, ids in enumerate(prompts):
+        engine.add(f"r{i}", ids, SamplingParams(temperature=0.0, max_new_tokens=12))
+    return engine.run()
+
+
+@pytest.fixture(scope="module")
+def prompts() -> list[list[int]]:
+    tok = AutoTokenizer.from_pretrained(str(ensure_model("smollm2-135m")))
+    out = []
+    for q in QUESTIONS:
+        ids: Any = tok.apply_chat_template(
+            [{"role": "user", "content": q}], add_generation_prompt=True, tokenize=True
+        )
+        out.append([int(i) for i in (ids if isinstance(ids, list) else ids["input_ids"])])
+    return out
+
+
+@pytest.fixture
+def tp2_leader(tmp_path: Path) -> Iterator[TPLeader]:
+    args = RunnerArgs(
+        model="smollm2-135m",
+        tp_size=2,
+        num_pages=64,
+        dist_init=f"file://{tmp_path / 'rendezvous'}",
+        cpu_threads=1,
+    )
+    follower = mp.get_context("spawn").Process(target=follower_main, args=(args, 1))
+    follower.start()
+    leader = None
+    try:
+        leader = TPLeader(args)
+        yield leader
+        leader.shutdown()
+        follower.join(timeout=30)
+        assert follower.exitcode == 0, f"follower exit code {follower.exitcode}"
+    finally:
+        if follower.is_alive():
+            follower.kill()
+            follower.join(timeout=10)
+        if leader is not None and torch.distributed.is_initialized():
+            torch.distributed.destroy_process_group()
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(180)
+def test_tp2_greedy_equals_tp1(tp2_leader: TPLeader, prompts: list[list[int]]) -> None:
+    tp1 = ModelRunner(RunnerArgs(model="smollm2-135m", num_pages=64, cpu_threads=1))
+    expected = _generate(tp1, prompts)
+    del tp1
+    assert tp2_leader.runner.kv.num_kv_heads == 2  # rank 0 holds 2 of the 3 KV heads
+    assert _generate(tp2_leader, prompts) == expected
