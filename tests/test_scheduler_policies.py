@@ -166,7 +166,7 @@ def test_decode_run_goes_on_while_the_queue_head_lacks_memory() -> None:
     s.add(req("big", 28, out=4, t=1.0, base=40))  # needs 7 pages to start; 6 are free
     assert s.decode_run_length(100) == 7  # a's last token is a normal step
     run = s.advance_decode(7, 1.0)
-    assert run.new_pages == (1, 0, 0, 0, 1, 0, 0)
+    assert run.new_pages == (1, 0, 0, 0, 1, 0, 0) and run.blocked == BLOCKED_KV_MEMORY
     plan = s.schedule(2.0)
     assert [d.rid for d in plan.decode] == ["a"] and plan.blocked == BLOCKED_KV_MEMORY
     events = s.complete(plan, None)

@@ -165,14 +165,17 @@ class SchedulerMachine(RuleBasedStateMachine):
         if k == 0:
             return
         reference = copy.deepcopy(self.s)
+        blocked = set()
         for _ in range(k):
             plan = reference.schedule(self.now)
             assert not plan.prefill and not plan.preempted and not plan.aborted
+            blocked.add(plan.blocked)
             events = reference.complete(plan, None)
             assert not any(isinstance(e, Finished) for e in events)
         run = self.s.advance_decode(k, self.now)
         assert run == self.twin.advance_decode(k, self.now)
         assert run.k == k
+        assert blocked == {run.blocked}, "a run reports the same admission block as its steps"
         assert _state(self.s) == _state(reference)
         for rid in run.rids:
             self.tracked[rid].outputs += k

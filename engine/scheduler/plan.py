@@ -144,3 +144,4 @@ class DecodeRun:
     rids: tuple[str, ...]
     context_tokens: int
     new_pages: tuple[int, ...] = field(default=())
+    blocked: str = ""  # why the waiting requests stayed out during the run (as ``Plan.blocked``)

@@ -440,6 +440,10 @@ class Scheduler:
             context += req.num_computed
             req.num_computed += k
             req.output.extend([PLACEHOLDER_TOKEN] * k)
+        blocked = ""
+        if self._waiting:
+            full = len(self.running) >= self.config.max_running
+            blocked = BLOCKED_RUNNING_CAP if full else BLOCKED_KV_MEMORY
         first_step = self.step + 1
         self.step += k
         return DecodeRun(
@@ -448,6 +452,7 @@ class Scheduler:
             rids=tuple(r.rid for r in running),
             context_tokens=context,
             new_pages=tuple(new_pages),
+            blocked=blocked,
         )
 
 
