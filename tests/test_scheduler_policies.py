@@ -172,3 +172,28 @@ def test_decode_run_goes_on_while_the_queue_head_lacks_memory() -> None:
     events = s.complete(plan, None)
     assert Finished("a", FinishReason.LENGTH, 9) in events
     assert [c.rid for c in s.schedule(3.0).prefill] == ["big"]
+
+
+def test_running_requests_share_a_prefix_once_it_is_computed() -> None:
+    s = Scheduler(SchedulerConfig(num_pages=64, page_size=4))
+    s.add(req("a", 12, out=8))
+    s.complete(s.schedule(0.0), None)  # a's prompt is computed; a is decoding
+    s.add(req("b", 12, out=8, t=1.0))
+    plan = s.schedule(1.0)
+    (chunk,) = plan.prefill
+    assert chunk.rid == "b" and chunk.start == 8  # 2 of a's 3 prompt pages, while a runs
+    assert plan.decode[0].pages[:2] == chunk.pages[:2]
+
+
+def test_duplicate_prefix_pages_computed_together_are_freed() -> None:
+    s = Scheduler(SchedulerConfig(num_pages=64, page_size=4))
+    s.add(req("a", 12, out=8))
+    s.add(req("b", 12, out=8))
+    plan = s.schedule(0.0)  # both compute the same 3 pages in one step
+    assert [c.start for c in plan.prefill] == [0, 0]
+    used = s.stats().pages_used
+    s.complete(plan, None)
+    a, b = s.get("a"), s.get("b")
+    assert a is not None and b is not None
+    assert a.pages[:3] == b.pages[:3], "b switched to the cached copy of the prefix"
+    assert s.stats().pages_used == used - 3

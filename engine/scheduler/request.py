@@ -68,6 +68,8 @@ class Request:
     finish_reason: FinishReason | None = None
     num_preemptions: int = 0
     cache_node: RadixNode | None = None  # the locked radix node of the shared prefix
+    _prompt_keys: list[PageKey] | None = field(default=None, repr=False)
+    _keys_page_size: int = field(default=0, repr=False)
 
     @property
     def fill_len(self) -> int:
@@ -98,17 +100,28 @@ class Request:
 
         Token mode: a page's key is the tuple of its token ids (prompt, then
         output). Hash mode: ``(block_hash, page index within the block)``; only
-        prompt pages have keys there.
+        prompt pages have keys there. The prompt's keys are computed once.
         """
+        keys = self._prompt_keys
+        if keys is None or self._keys_page_size != page_size:
+            keys = self._prompt_keys = self._make_prompt_keys(page_size)
+            self._keys_page_size = page_size
+        if num_pages <= len(keys):
+            return keys[:num_pages]
+        if not self.prompt or not self.output:
+            return list(keys)
+        tokens = list(self.prompt) + self.output
+        n = min(num_pages, len(tokens) // page_size)
+        extra = [tuple(tokens[i * page_size : (i + 1) * page_size]) for i in range(len(keys), n)]
+        return keys + extra
+
+    def _make_prompt_keys(self, page_size: int) -> list[PageKey]:
         if self.prompt:
             tokens = self.prompt
-            n_tokens = len(tokens) + len(self.output)
-            n = min(num_pages, n_tokens // page_size)
-            if self.output and n * page_size > len(tokens):
-                tokens = list(tokens) + self.output
+            n = len(tokens) // page_size
             return [tuple(tokens[i * page_size : (i + 1) * page_size]) for i in range(n)]
         if not self.block_hashes:
             return []
         per_block = self.block_size // page_size
-        n = min(num_pages, self.prompt_len // page_size, len(self.block_hashes) * per_block)
+        n = min(self.prompt_len // page_size, len(self.block_hashes) * per_block)
         return [(self.block_hashes[i // per_block], i % per_block) for i in range(n)]

@@ -288,6 +288,7 @@ class Scheduler:
             if req is None or req.status is RequestStatus.ABORTED:
                 continue  # aborted or preempted since the plan was made: nothing to keep
             req.num_computed = chunk.start + chunk.length
+            self._share_prefix(req)
             if chunk.samples:
                 req.status = RequestStatus.DECODING
                 self._append(req, tokens, events)
@@ -315,6 +316,31 @@ class Scheduler:
         del self.requests[req.rid]
         self._release(req)
         events.append(Finished(req.rid, reason, len(req.output)))
+
+    def _share_prefix(self, req: Request) -> None:
+        """Hand a request's computed full pages to the prefix cache as soon as a chunk is done,
+        so requests running at the same time share them; the request keeps them locked.
+
+        Where the cache already holds a page for the same key (another request computed the
+        same prefix meanwhile), the request switches to the cached page and frees its own.
+        """
+        cache = self.cache
+        if cache is None:
+            return
+        ps = self.page_size
+        keys = req.page_keys(req.num_computed // ps, ps)
+        n = len(keys)
+        if n <= req.num_shared_pages:
+            return
+        rejected = cache.insert(keys, req.pages[:n], self.step)
+        pages, node = cache.match(keys, self.step)
+        cache.lock(node)
+        if req.cache_node is not None:
+            cache.unlock(req.cache_node)
+        self.allocator.free(rejected)
+        req.pages[:n] = pages
+        req.num_shared_pages = n
+        req.cache_node = node
 
     # ------------------------------------------------------------------ release
     def _release_aborted(self) -> list[str]:
