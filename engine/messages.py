@@ -124,19 +124,8 @@ class Ready(msgspec.Struct, tag=True):
     info: dict[str, Any] = {}
 
 
-class Shutdown(msgspec.Struct, tag=True):
-    reason: str = ""
-
-
 Message = (
-    GenerateRequest
-    | TokenizedRequest
-    | AbortRequest
-    | TokenBatch
-    | TextBatch
-    | StatsUpdate
-    | Ready
-    | Shutdown
+    GenerateRequest | TokenizedRequest | AbortRequest | TokenBatch | TextBatch | StatsUpdate | Ready
 )
 
 _encoder = msgspec.msgpack.Encoder()

@@ -56,7 +56,6 @@ def request_frame(p: Pipeline) -> pd.DataFrame:
     e2e = np.where(completed, (t["finished"] - t["arrival"]) * 1e3, np.nan)
     with np.errstate(invalid="ignore", divide="ignore"):
         tpot = np.where(completed & (out_tokens > 1), (e2e - ttft) / (out_tokens - 1), np.nan)
-    frontend = p.cpu.frontend
     return pd.DataFrame(
         {
             "rid": [r.rid for r in p.trace],
@@ -78,15 +77,13 @@ def request_frame(p: Pipeline) -> pd.DataFrame:
             "e2e_ms": e2e,
             "tokenizer_queue_ms": (t["tokenize_start"] - t["tokenizer_enter"]) * 1e3,
             "tokenize_ms": (t["tokenized"] - t["tokenize_start"]) * 1e3,
-            "ipc_ms": (
-                t["tokenizer_enter"] - t["arrival"] - frontend + t["sched_arrival"] - t["tokenized"]
-            )
+            "ipc_ms": (t["tokenizer_enter"] - t["parsed"] + t["sched_arrival"] - t["tokenized"])
             * 1e3,
             "scheduler_wait_ms": (t["first_scheduled"] - t["sched_arrival"]) * 1e3,
             "prefill_ms": (t["first_token"] - t["first_scheduled"]) * 1e3,
             "decode_ms": (t["finished"] - t["first_token"]) * 1e3,
             "detokenize_ms": np.asarray(p.detokenize_s) * 1e3,
-            "frontend_ms": np.full(len(p.trace), frontend * 1e3),
+            "frontend_ms": (t["parsed"] - t["arrival"]) * 1e3,
         },
         columns=list(REQUEST_COLUMNS),
     )

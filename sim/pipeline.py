@@ -2,7 +2,7 @@
 
 Stages of a request, each with its queue::
 
-    arrival ─► frontend parse ─► IPC ─► tokenizer pool (queue) ─► IPC ─► scheduler (queue)
+    arrival ─► frontend (queue) ─► IPC ─► tokenizer pool (queue) ─► IPC ─► scheduler (queue)
         ─► GPU steps ─► IPC ─► detokenizer (queue) ─► IPC ─► client
 
 The engine loop is one SimPy process: it adds the requests that reached the
@@ -29,8 +29,6 @@ import numpy as np
 import simpy
 
 from engine.scheduler import (
-    BLOCKED_KV_MEMORY,
-    BLOCKED_RUNNING_CAP,
     Finished,
     Plan,
     Preempted,
@@ -46,6 +44,7 @@ from sim.traces.record import TraceRequest
 NAN = math.nan
 TIME_FIELDS = (
     "arrival",
+    "parsed",
     "tokenizer_enter",
     "tokenize_start",
     "tokenized",
@@ -88,6 +87,7 @@ class Pipeline:
         self.fast_forward = fast_forward
         self.max_run_steps = max_run_steps
         self.progress = progress or Progress()
+        self.frontend = simpy.Resource(self.env, capacity=1)  # one asyncio event loop
         self.tokenizers = simpy.Resource(self.env, capacity=num_tokenizers)
         n = len(requests)
         self.index = {r.rid: i for i, r in enumerate(requests)}
@@ -105,7 +105,7 @@ class Pipeline:
         self.steps = StepLog(scheduler.config.num_pages)
         self.detok = DetokenizerQueue(cpu.detokenize)
         self.queue_samples: list[tuple[float, str, int]] = []
-        self._tok_waiting = 0
+        self._waiting_in = {"frontend": 0, "tokenizer": 0}
         self._sched_waiting = -1
         self._inbox: list[int] = []
         self._wake: simpy.Event | None = None
@@ -130,17 +130,15 @@ class Pipeline:
     def _request(self, i: int, tr: TraceRequest) -> Generator[simpy.Event, Any, None]:
         env, cpu, times = self.env, self.cpu, self.times
         times["arrival"][i] = env.now
-        yield env.timeout(cpu.frontend + cpu.ipc)
+        loop = self.frontend.request()
+        yield from self._queue(loop, "frontend")
+        yield env.timeout(cpu.frontend)
+        self.frontend.release(loop)
+        times["parsed"][i] = env.now
+        yield env.timeout(cpu.ipc)
         times["tokenizer_enter"][i] = env.now
         slot = self.tokenizers.request()
-        if not slot.triggered:
-            self._tok_waiting += 1
-            self.queue_samples.append((env.now, "tokenizer", self._tok_waiting))
-            yield slot
-            self._tok_waiting -= 1
-            self.queue_samples.append((env.now, "tokenizer", self._tok_waiting))
-        else:
-            yield slot
+        yield from self._queue(slot, "tokenizer")
         times["tokenize_start"][i] = env.now
         yield env.timeout(cpu.tokenize * tr.input_length)
         self.tokenizers.release(slot)
@@ -152,6 +150,18 @@ class Pipeline:
         self._sample_scheduler_queue(env.now)
         if self._wake is not None and not self._wake.triggered:
             self._wake.succeed()
+
+    def _queue(self, grant: simpy.Event, stage: str) -> Generator[simpy.Event, Any, None]:
+        """Wait for ``grant``; a request that has to wait is counted in ``stage``'s queue."""
+        if grant.triggered:
+            yield grant
+            return
+        waiting = self._waiting_in
+        waiting[stage] += 1
+        self.queue_samples.append((self.env.now, stage, waiting[stage]))
+        yield grant
+        waiting[stage] -= 1
+        self.queue_samples.append((self.env.now, stage, waiting[stage]))
 
     def _wait_for_arrival(self) -> simpy.Event:
         self._wake = self.env.event()
@@ -222,7 +232,7 @@ class Pipeline:
         stats = s.stats()
         for chunk in plan.prefill:
             i = self.index[chunk.rid]
-            if self.times["first_scheduled"][i] != self.times["first_scheduled"][i]:
+            if math.isnan(self.times["first_scheduled"][i]):
                 self.times["first_scheduled"][i] = start
                 req = self.reqs[i]
                 self.cached_tokens[i] = req.num_cached if req is not None else 0
@@ -347,20 +357,11 @@ class Pipeline:
                 "num_waiting": stats.num_waiting,
                 "num_running": stats.num_running,
                 "preempted": 0,
-                "blocked": self._run_blocked(stats),
+                "blocked": run.blocked,
                 "cached_tokens": stats.cached_tokens,
                 "prompt_tokens": stats.prompt_tokens,
             }
         )
-
-    def _run_blocked(self, stats: Any) -> str:
-        """``Plan.blocked`` of each step of a run: with a pure-decode batch the prefill
-        budget is untouched, so a waiting head is held by the running cap or by memory."""
-        if not stats.num_waiting:
-            return ""
-        if stats.num_running >= self.sched.config.max_running:
-            return BLOCKED_RUNNING_CAP
-        return BLOCKED_KV_MEMORY
 
     # ------------------------------------------------------------------ results
     def itl(self) -> np.ndarray:

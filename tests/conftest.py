@@ -120,8 +120,9 @@ def start_server(*args: str, cpu_threads: int = 1) -> Server:
     deadline = time.monotonic() + START_TIMEOUT_S
     while not url:
         if proc.poll() is not None or time.monotonic() > deadline:
+            text = log.read_text(errors="replace")[-4000:]
             stop_server(Server(proc, "", log), check=False)
-            pytest.fail(f"engine serve did not start:\n{log.read_text()[-4000:]}")
+            pytest.fail(f"engine serve did not start:\n{text}")
         time.sleep(0.1)
     return Server(proc, url[0], log)
 
@@ -142,6 +143,7 @@ def stop_server(server: Server, check: bool = True) -> None:
             os.kill(pid, signal.SIGKILL)
     if check and left:
         pytest.fail(f"processes left behind after shutdown: {sorted(left)}")
+    server.log_path.unlink(missing_ok=True)
 
 
 @contextmanager

@@ -52,6 +52,7 @@ def test_sigterm_stops_every_process_and_auth_is_enforced(model_ready: str) -> N
         assert server.proc.wait(30) == 0
         assert not wait_gone(family, 10), "children outlived SIGTERM"
         assert not run_dir.exists()
+        assert "ignored SIGTERM" not in server.log()
     finally:
         stop_server(server)
 
@@ -77,9 +78,12 @@ def test_children_exit_when_the_server_is_killed(model_ready: str) -> None:
     server = start_server()
     family = descendants(server.pid)
     assert family
+    run_dir = Path(server.log().split("run dir ", 1)[1].split()[0])
     server.proc.send_signal(signal.SIGKILL)
     server.proc.wait()
+    server.log_path.unlink(missing_ok=True)
     assert not wait_gone(family, 15), "children outlived a SIGKILLed parent"
+    assert not run_dir.exists(), "the orphans left the run directory behind"
 
 
 def test_unknown_model_is_a_clear_cli_error() -> None:

@@ -82,7 +82,9 @@ def test_paged_chunked_decode_logits_match_hf(family: str, device: str, tmp_path
             model=str(tmp_path), device=device, num_pages=16, page_size=PAGE, dtype="float32"
         )
     )
-    tol = {"atol": 2e-4, "rtol": 1e-4} if device == "cpu" else {"atol": 1e-3, "rtol": 1e-3}
+    tol: dict[str, Any] = (
+        {"atol": 2e-4, "rtol": 1e-4} if device == "cpu" else {"atol": 1e-3, "rtol": 1e-3}
+    )
     seq = torch.randint(0, 300, (23,), generator=torch.Generator().manual_seed(1)).tolist()
     with torch.no_grad():
         ref = hf(torch.tensor([seq])).logits[0].float()

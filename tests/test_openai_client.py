@@ -25,7 +25,7 @@ def test_chat_non_streaming(client: OpenAI) -> None:
         model=MODEL,
         messages=CHAT,
         max_tokens=12,
-        temperature=0,  # type: ignore[arg-type]
+        temperature=0,
     )
     choice = out.choices[0]
     assert choice.message.role == "assistant"
@@ -42,12 +42,12 @@ def test_chat_streaming_matches_non_streaming(client: OpenAI) -> None:
         model=MODEL,
         messages=CHAT,
         max_tokens=12,
-        temperature=0,  # type: ignore[arg-type]
+        temperature=0,
     )
     chunks = list(
         client.chat.completions.create(
             model=MODEL,
-            messages=CHAT,  # type: ignore[arg-type]
+            messages=CHAT,
             max_tokens=12,
             temperature=0,
             stream=True,
@@ -62,7 +62,7 @@ def test_chat_streaming_matches_non_streaming(client: OpenAI) -> None:
     assert all(f is None for f in finishes[:-1])
     assert chunks[-1].choices == []
     assert chunks[-1].usage is not None
-    assert chunks[-1].usage.completion_tokens == full.usage.completion_tokens  # type: ignore[union-attr]
+    assert chunks[-1].usage.completion_tokens == full.usage.completion_tokens
 
 
 def test_completion_non_streaming_hits_length(client: OpenAI) -> None:
@@ -115,11 +115,11 @@ def test_stop_string_truncates_and_finishes_with_stop(client: OpenAI) -> None:
             stream=stream,
         )
         if stream:
-            chunks = list(out)  # type: ignore[call-overload]
+            chunks = list(out)
             got = "".join(c.choices[0].text for c in chunks)
             reason = chunks[-1].choices[0].finish_reason
         else:
-            got, reason = out.choices[0].text, out.choices[0].finish_reason  # type: ignore[union-attr]
+            got, reason = out.choices[0].text, out.choices[0].finish_reason
         assert got == cut
         assert reason == "stop"
 
@@ -132,3 +132,18 @@ def test_seeded_sampling_repeats(client: OpenAI) -> None:
         return out.choices[0].text
 
     assert sample() == sample()
+
+
+def test_repeated_prompt_hits_the_prefix_cache(client: OpenAI, server: Server) -> None:
+    chat = [{"role": "user", "content": "Tell me about the prefix cache of this server."}]
+    outs = [
+        client.chat.completions.create(model=MODEL, messages=chat, max_tokens=4, temperature=0)
+        for _ in range(2)
+    ]
+    first, second = (o.usage for o in outs)
+    assert first is not None and second is not None
+    assert second.prompt_tokens == first.prompt_tokens
+    assert second.prompt_tokens_details is not None
+    assert second.prompt_tokens_details.cached_tokens >= 16  # at least one full page
+    assert outs[0].choices[0].message.content == outs[1].choices[0].message.content
+    assert server.metrics()["engine_prefix_cache_hit_rate"] > 0

@@ -50,6 +50,11 @@ def runner() -> ModelRunner:
             StepInputs([], [1], [], []),
             "plan samples 1 requests",
         ),
+        (
+            Plan(0, 0.0, decode=(DecodeSlot("b", 3, (1,)),)),
+            StepInputs([], [-1], [SP], [0]),
+            r"token ids must be in \[0, 512\)",
+        ),
     ],
 )
 def test_bad_step_rejected(
@@ -101,3 +106,5 @@ def test_model_resolution(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> No
     assert exit_info.value.code == 2
     with pytest.raises(ModelNotFoundError, match="neither a folder"):
         ModelRunner(RunnerArgs(model="no-such-model"))
+    with pytest.raises(ModelNotFoundError, match=r"dummy-weight presets: .*tiny-qwen3"):
+        ModelRunner(RunnerArgs(model="no-such-model", dummy_weights=True))

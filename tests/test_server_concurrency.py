@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 import time
+from collections.abc import Callable
 
 import httpx
 import pytest
@@ -57,12 +58,12 @@ def test_16_concurrent_streams_match_serving_alone(server: Server) -> None:
 
 
 def wait_for(
-    server: Server, condition: str, check: object, timeout: float = 30.0
+    server: Server, condition: str, check: Callable[[dict[str, float]], bool], timeout: float = 30.0
 ) -> dict[str, float]:
     deadline = time.monotonic() + timeout
     while True:
         m = server.metrics()
-        if check(m):  # type: ignore[operator]
+        if check(m):
             return m
         if time.monotonic() > deadline:
             pytest.fail(f"timed out waiting for {condition}: {m}")
@@ -81,19 +82,21 @@ def test_disconnect_mid_stream_aborts_and_frees_pages(server: Server) -> None:
         "ignore_eos": True,
         "stream": True,
     }
-    with httpx.Client(base_url=server.url, timeout=60) as client:
-        with client.stream("POST", "/v1/completions", json=body) as resp:
-            assert resp.status_code == 200
-            lines = resp.iter_lines()
-            got = 0
-            for line in lines:
-                if line.startswith("data: "):
-                    got += 1
-                if got >= 3:
-                    break
-            running = server.metrics()
-            assert running["engine_num_running_requests"] == 1
-            assert running["engine_kv_pages_held"] > baseline
+    with (
+        httpx.Client(base_url=server.url, timeout=60) as client,
+        client.stream("POST", "/v1/completions", json=body) as resp,
+    ):
+        assert resp.status_code == 200
+        lines = resp.iter_lines()
+        got = 0
+        for line in lines:
+            if line.startswith("data: "):
+                got += 1
+            if got >= 3:
+                break
+        running = server.metrics()
+        assert running["engine_num_running_requests"] == 1
+        assert running["engine_kv_pages_held"] > baseline
     # the connection is closed: the request must be aborted long before 500 tokens
     after = wait_for(
         server,

@@ -57,7 +57,7 @@ def test_bad_input_is_a_clear_4xx(
     kwargs = {"content": body} if isinstance(body, bytes) else {"json": body}
     resp = httpx.post(
         f"{server.url}{path}", timeout=60, headers={"content-type": "application/json"}, **kwargs
-    )  # type: ignore[arg-type]
+    )
     assert resp.status_code == status, resp.text
     error = resp.json()["error"]
     assert set(error) == {"message", "type", "param", "code"}

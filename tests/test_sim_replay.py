@@ -44,7 +44,7 @@ def test_replay_writes_the_contracted_outputs(
     assert (steps["time"].diff().dropna() > 0).all()
     queues = pd.read_csv(out / "queues.csv")
     assert list(queues.columns) == ["time", "stage", "queue_len"]
-    assert set(queues["stage"]) <= {"tokenizer", "scheduler", "detokenizer"}
+    assert set(queues["stage"]) <= {"frontend", "tokenizer", "scheduler", "detokenizer"}
     summary = json.loads((out / "summary.json").read_text())
     assert set(summary) >= SUMMARY_KEYS
     for key in ("ttft_ms", "tpot_ms", "itl_ms", "e2e_ms"):
@@ -153,3 +153,31 @@ def test_preemption_under_page_pressure_completes_identically(tmp_path: Path) ->
     np.testing.assert_array_equal(on["num_preemptions"], off["num_preemptions"])
     np.testing.assert_allclose(on["finished"], off["finished"], rtol=1e-9)
     assert results[True].summary["fast_forward"]["runs"] > 0
+
+
+def test_the_simulator_imports_no_torch() -> None:
+    import subprocess
+    import sys
+
+    code = "import sys, sim.cli, sim.replay; sys.exit('torch' in sys.modules)"
+    assert subprocess.run([sys.executable, "-c", code], cwd=ROOT).returncode == 0
+
+
+def test_replay_with_a_table_profile_names_it(tmp_path: Path) -> None:
+    profile = tmp_path / "prof.csv"
+    rows = ["# hardware: test gpu", "# model: llama-3.1-8b", "# date: 2026-11-29",
+            "# command: written by this test",
+            "kind,prefill_tokens,decode_requests,context_tokens,tp,duration_s",
+            "prefill,512,0,512,1,0.012", "prefill,4096,0,4096,1,0.09",
+            "decode,0,1,1000,1,0.004", "decode,0,64,80000,1,0.007", "mixed,256,32,30000,1,0.011",
+            "ipc,0,0,0,1,5e-5"]  # fmt: skip
+    profile.write_text("\n".join(rows) + "\n")
+    out = tmp_path / "o"
+    args = ["replay", str(ROOT / "traces" / "azure_code.csv"), "--limit", "20", "--profile",
+            str(profile), "--no-report", "--no-progress", "--out", str(out)]  # fmt: skip
+    assert main(args) == 0
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["cost_model"]["name"] == "table"
+    assert summary["cost_model"]["profile"] == str(profile)
+    assert "hardware: test gpu" in summary["cost_model"]["provenance"]
+    assert summary["cpu_costs"]["ipc"] == 5e-5 and summary["completed"] == 20

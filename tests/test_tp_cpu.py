@@ -7,6 +7,9 @@ spawned process; this process is rank 0.
 
 from __future__ import annotations
 
+import os
+import signal
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -17,12 +20,13 @@ import torch.multiprocessing as mp
 from transformers import AutoTokenizer
 
 from engine.distributed.parallel import head_partition, split_range
+from engine.messages import TokenizedRequest
 from engine.models.setup import ensure_model
 from engine.runner import ModelRunner, RunnerArgs, StepInputs
-from engine.runner.offline import OfflineEngine, StepRunner
 from engine.runner.tp import TPLeader, decode_step, encode_step, follower_main
 from engine.sampling import SamplingParams
 from engine.scheduler import DecodeSlot, Plan, PrefillChunk, SchedulerConfig
+from engine.scheduler_proc.engine import Engine, StepFn
 
 torch.set_num_threads(1)
 
@@ -59,11 +63,16 @@ def test_step_wire_roundtrip() -> None:
     assert decode_step(encode_step(plan, inputs)) == (plan, inputs)
 
 
-def _generate(runner: StepRunner, prompts: list[list[int]]) -> dict[str, list[int]]:
-    engine = OfflineEngine(runner, SchedulerConfig(num_pages=64, max_prefill_tokens=24))
+def _generate(step: StepFn, prompts: list[list[int]]) -> dict[str, list[int]]:
+    engine = Engine(SchedulerConfig(num_pages=64, max_prefill_tokens=24), step, [2])
+    greedy = SamplingParams(temperature=0.0, max_new_tokens=12)
     for i, ids in enumerate(prompts):
-        engine.add(f"r{i}", ids, SamplingParams(temperature=0.0, max_new_tokens=12))
-    return engine.run()
+        engine.add(TokenizedRequest(f"r{i}", ids, greedy, 0.0, 0.0))
+    out: dict[str, list[int]] = {}
+    while engine.has_work():
+        for item in engine.step():
+            out.setdefault(item.rid, []).extend(item.token_ids)
+    return out
 
 
 @pytest.fixture(scope="module")
@@ -108,7 +117,45 @@ def tp2_leader(tmp_path: Path) -> Iterator[TPLeader]:
 @pytest.mark.timeout(180)
 def test_tp2_greedy_equals_tp1(tp2_leader: TPLeader, prompts: list[list[int]]) -> None:
     tp1 = ModelRunner(RunnerArgs(model="smollm2-135m", num_pages=64, cpu_threads=1))
-    expected = _generate(tp1, prompts)
+    expected = _generate(tp1.step, prompts)
     del tp1
     assert tp2_leader.runner.kv.num_kv_heads == 2  # rank 0 holds 2 of the 3 KV heads
-    assert _generate(tp2_leader, prompts) == expected
+    assert _generate(tp2_leader.step, prompts) == expected
+
+
+def _leader_then_hang(args: RunnerArgs, ready: Path) -> None:
+    TPLeader(args)
+    ready.touch()
+    time.sleep(600)
+
+
+@pytest.mark.timeout(120)
+def test_follower_exits_when_rank0_dies(tmp_path: Path) -> None:
+    args = RunnerArgs(
+        model="tiny-llama",
+        dummy_weights=True,
+        tp_size=2,
+        num_pages=8,
+        dist_init=f"file://{tmp_path / 'rendezvous'}",
+        cpu_threads=1,
+    )
+    ctx = mp.get_context("spawn")
+    ready = tmp_path / "ready"
+    follower = ctx.Process(target=follower_main, args=(args, 1))
+    leader = ctx.Process(target=_leader_then_hang, args=(args, ready))
+    follower.start()
+    leader.start()
+    try:
+        deadline = time.monotonic() + 90
+        while not ready.exists() and time.monotonic() < deadline and leader.is_alive():
+            time.sleep(0.2)
+        assert ready.exists(), "rank 0 did not come up"
+        assert follower.is_alive()
+        os.kill(leader.pid, signal.SIGKILL)  # type: ignore[arg-type]
+        follower.join(timeout=30)
+        assert follower.exitcode == 1
+    finally:
+        for proc in (leader, follower):
+            if proc.is_alive():
+                proc.kill()
+            proc.join(timeout=10)

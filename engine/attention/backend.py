@@ -34,7 +34,10 @@ class AttentionBackend(ABC):
     def forward(
         self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
     ) -> torch.Tensor:
-        """Write ``k``/``v`` (``[T, kv_heads, D]``) to the pool, return ``[T, q_heads, D]``."""
+        """Write ``k``/``v`` (``[T, kv_heads, D]``) to the pool, return ``[T, q_heads, D]``.
+
+        ``q``, ``k``, ``v`` and the pool share one dtype.
+        """
 
 
 ATTENTION_BACKENDS: dict[str, type[AttentionBackend]] = {}

@@ -28,7 +28,9 @@ class _ChunkIndex:
 @dataclass(frozen=True, slots=True)
 class _DecodeIndex:
     first_row: int
-    slots: torch.Tensor  # [B, max_len] flat slots, padded with slot 0
+    batch: int
+    max_len: int
+    slots: torch.Tensor  # [B * max_len] flat slots, row-major, padded with slot 0
     mask: torch.Tensor | None  # [B, 1, 1, max_len] bool; None when no padding
 
 
@@ -68,7 +70,9 @@ class TorchAttention(AttentionBackend):
             mask: torch.Tensor | None = None
             if int(lens.min()) != max_len:
                 mask = (pos[None, :] < lens[:, None])[:, None, None, :].to(device)
-            self.decode = _DecodeIndex(batch.decode[0].row, slots.to(device), mask)
+            self.decode = _DecodeIndex(
+                batch.decode[0].row, len(batch.decode), max_len, slots.view(-1).to(device), mask
+            )
         self.slots = batch.slots
 
     def forward(
@@ -76,27 +80,29 @@ class TorchAttention(AttentionBackend):
     ) -> torch.Tensor:
         self.pool.write(layer, self.slots, k, v)
         k_pool, v_pool = self.pool.flat(layer)
-        out = torch.empty_like(q)
+        parts: list[torch.Tensor] = []
         for chunk in self.chunks:
             rows = slice(chunk.span.row, chunk.span.row + chunk.span.length)
             if chunk.context_slots is None:
                 ks, vs = k[rows], v[rows]
             else:
-                ks, vs = k_pool[chunk.context_slots], v_pool[chunk.context_slots]
+                ks = k_pool.index_select(0, chunk.context_slots)
+                vs = v_pool.index_select(0, chunk.context_slots)
             o = F.scaled_dot_product_attention(
                 q[rows].transpose(0, 1)[None],
-                ks.transpose(0, 1)[None].to(q.dtype),
-                vs.transpose(0, 1)[None].to(q.dtype),
+                ks.transpose(0, 1)[None],
+                vs.transpose(0, 1)[None],
                 attn_mask=chunk.mask,
                 is_causal=chunk.mask is None,
                 scale=self.scale,
                 enable_gqa=True,
             )
-            out[rows] = o[0].transpose(0, 1)
+            parts.append(o[0].transpose(0, 1))
         if self.decode is not None:
             d = self.decode
-            kd = k_pool[d.slots].transpose(1, 2).to(q.dtype)  # [B, kv_heads, max_len, D]
-            vd = v_pool[d.slots].transpose(1, 2).to(q.dtype)
+            shape = (d.batch, d.max_len, k.shape[1], k.shape[2])
+            kd = k_pool.index_select(0, d.slots).view(shape).transpose(1, 2)
+            vd = v_pool.index_select(0, d.slots).view(shape).transpose(1, 2)
             o = F.scaled_dot_product_attention(
                 q[d.first_row :, :, None, :],
                 kd,
@@ -105,5 +111,5 @@ class TorchAttention(AttentionBackend):
                 scale=self.scale,
                 enable_gqa=True,
             )
-            out[d.first_row :] = o[:, :, 0, :]
-        return out
+            parts.append(o[:, :, 0, :])
+        return parts[0] if len(parts) == 1 else torch.cat(parts)

@@ -13,13 +13,12 @@ from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Any
 
-import msgspec
 import zmq
 
 from engine import messages
 from engine.detokenizer.incremental import IncrementalDecoder
 from engine.detokenizer.stop import StopMatcher
-from engine.launch.child import report_ready
+from engine.launch.child import recv_message, report_ready
 from engine.launch.config import ServeConfig
 
 log = logging.getLogger(__name__)
@@ -101,10 +100,8 @@ def run_detokenizer(cfg: ServeConfig) -> None:
     to_scheduler.connect(cfg.scheduler_addr)
     report_ready(cfg, ctx, "detokenizer", 0)
     while True:
-        try:
-            msg = messages.decode(inbox.recv())
-        except msgspec.DecodeError as exc:
-            log.error("dropped an undecodable message: %s", exc)
+        msg = recv_message(inbox)
+        if msg is None:
             continue
         if not isinstance(msg, messages.TokenBatch):
             log.error("unexpected message %s", type(msg).__name__)

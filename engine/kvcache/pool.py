@@ -56,5 +56,5 @@ class KVPool:
     def write(self, layer: int, slots: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
         """Store new ``k``/``v`` (``[T, kv_heads, head_dim]``) at flat ``slots`` (``[T]``)."""
         k_flat, v_flat = self.flat(layer)
-        k_flat.index_copy_(0, slots, k.to(k_flat.dtype))
-        v_flat.index_copy_(0, slots, v.to(v_flat.dtype))
+        k_flat.index_copy_(0, slots, k)
+        v_flat.index_copy_(0, slots, v)

@@ -1,13 +1,12 @@
 """Entry point of every child process: ``python -m engine.launch.child ROLE RANK CONFIG``.
 
-A child dies with its parent: Linux delivers SIGKILL when the parent exits
-(``PR_SET_PDEATHSIG``), and a watcher thread catches the race where the parent
-died before that was set. SIGINT is ignored (the launcher decides when to
-stop); SIGTERM exits.
+A child dies with its parent (see ``die_with_parent``). SIGINT is ignored (the
+launcher decides when to stop); SIGTERM exits.
 """
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import logging
 import os
@@ -15,32 +14,43 @@ import signal
 import sys
 import threading
 import time
+from pathlib import Path
 
+import msgspec
 import zmq
 
 from engine import messages
 from engine.launch.config import ServeConfig
+from engine.launch.rundir import remove_run_dir
 
 ROLES = ("tokenizer", "detokenizer", "scheduler")
 PR_SET_PDEATHSIG = 1
 
 
-def die_with_parent(parent_pid: int) -> None:
-    """Exit as soon as ``parent_pid`` is no longer this process's parent."""
+def orphaned(parent_pid: int) -> bool:
+    return os.getppid() != parent_pid
+
+
+def die_with_parent(parent_pid: int, run_dir: Path) -> None:
+    """Exit soon after ``parent_pid`` stops being this process's parent.
+
+    Linux sends SIGTERM when the parent dies (``PR_SET_PDEATHSIG``); a watcher
+    thread covers the race where it died before that was set, and the first
+    orphan to notice removes the run directory the parent could not.
+    """
     if sys.platform.startswith("linux"):
-        try:
+        with contextlib.suppress(OSError, AttributeError):
             libc = ctypes.CDLL(None, use_errno=True)
-            libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
-        except (OSError, AttributeError):
-            pass
+            libc.prctl(PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
 
     def watch() -> None:
-        while True:
-            if os.getppid() != parent_pid:
-                os._exit(1)
+        signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM, signal.SIGINT})
+        while not orphaned(parent_pid):
             time.sleep(0.5)
+        remove_run_dir(run_dir)
+        os._exit(1)
 
-    if os.getppid() != parent_pid:
+    if orphaned(parent_pid):
         os._exit(1)
     threading.Thread(target=watch, name="parent-watch", daemon=True).start()
 
@@ -52,6 +62,26 @@ def setup_logging(level: str, name: str) -> None:
         stream=sys.stderr,
         force=True,
     )
+
+
+SIGNAL_CHECK_MS = 500
+
+
+def recv_message(sock: zmq.Socket[bytes]) -> messages.Message | None:
+    """The next message, or None for bytes that are not one (logged).
+
+    Waits in slices of ``SIGNAL_CHECK_MS``: a SIGTERM the kernel delivers to
+    another thread would not interrupt a blocking receive, so the main thread
+    returns to Python regularly to run its handler.
+    """
+    while not sock.poll(SIGNAL_CHECK_MS):
+        pass
+    data = sock.recv()
+    try:
+        return messages.decode(data)
+    except msgspec.DecodeError as exc:
+        logging.getLogger(__name__).error("dropped an undecodable message: %s", exc)
+        return None
 
 
 def report_ready(
@@ -81,10 +111,19 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     role, rank, config_path = argv[0], int(argv[1]), argv[2]
     cfg = ServeConfig.load(config_path)
-    die_with_parent(cfg.parent_pid)
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, _exit_once)
+    die_with_parent(cfg.parent_pid, Path(cfg.run_dir))
     setup_logging(cfg.log_level, f"{role}{rank}")
+    try:
+        run_role(cfg, role, rank)
+    finally:
+        if orphaned(cfg.parent_pid):
+            remove_run_dir(Path(cfg.run_dir))
+    return 0
+
+
+def run_role(cfg: ServeConfig, role: str, rank: int) -> None:
     if role == "tokenizer":
         from engine.tokenizer.worker import run_tokenizer
 
@@ -97,7 +136,6 @@ def main(argv: list[str] | None = None) -> int:
         from engine.scheduler_proc.loop import run_scheduler
 
         run_scheduler(cfg, rank)
-    return 0
 
 
 if __name__ == "__main__":

@@ -20,7 +20,7 @@ class ServeConfig(msgspec.Struct, kw_only=True):
     parent_pid: int
     max_model_len: int
     device: str = "cpu"
-    dtype: str = "float32"
+    dtype: str = "auto"
     tp_size: int = 1
     num_tokenizers: int = 1
     host: str = "127.0.0.1"

@@ -53,7 +53,12 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--page-size", type=positive_int, default=16)
     p.add_argument("--no-prefix-cache", action="store_true")
-    p.add_argument("--dtype", default="float32", choices=("float32", "bfloat16", "float16"))
+    p.add_argument(
+        "--dtype",
+        default="auto",
+        choices=("auto", "float32", "bfloat16", "float16"),
+        help="auto: float32 on CPU, bfloat16 on CUDA",
+    )
     p.add_argument("--max-model-len", type=positive_int, default=None)
     p.add_argument("--cpu-threads", type=positive_int, default=None, help="torch threads per rank")
     p.add_argument("--seed", type=int, default=0)
@@ -197,7 +202,8 @@ def run_frontend(cfg: ServeConfig, launcher: Launcher, listener: socket.socket) 
         while not server.started and not server.should_exit:
             threading.Event().wait(0.05)
         if server.started:
-            print(f"engine serving {cfg.model} at http://{cfg.host}:{cfg.port}", flush=True)
+            host = f"[{cfg.host}]" if ":" in cfg.host else cfg.host
+            print(f"engine serving {cfg.model} at http://{host}:{cfg.port}", flush=True)
 
     threading.Thread(target=announce, name="announce", daemon=True).start()
     server.run(sockets=[listener])

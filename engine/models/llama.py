@@ -65,8 +65,8 @@ class LlamaAttention(nn.Module):
         v = self.v_proj(x).view(t, self.num_kv, self.head_dim)
         if self.q_norm is not None and self.k_norm is not None:
             q, k = self.q_norm(q), self.k_norm(k)
-        q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
-        o = attn.forward(self.layer_id, q, k, v)
+        qk = apply_rotary(torch.cat((q, k), dim=1), cos, sin)
+        o = attn.forward(self.layer_id, qk[:, : self.num_q], qk[:, self.num_q :], v)
         out: torch.Tensor = self.o_proj(o.reshape(t, self.num_q * self.head_dim))
         return out
 

@@ -21,7 +21,7 @@ from engine.kvcache.pool import KVPool
 from engine.models.config import PRESETS, ModelConfig, get_preset
 from engine.models.llama import LlamaForCausalLM
 from engine.models.loader import init_dummy, load_safetensors
-from engine.models.setup import resolve_model
+from engine.models.setup import ModelNotFoundError, resolve_model
 from engine.runner.args import RunnerArgs
 from engine.runner.inputs import StepInputs
 from engine.sampling.sampler import Sampler
@@ -34,7 +34,12 @@ def load_config(args: RunnerArgs) -> tuple[ModelConfig, Path | None]:
     """The model's config and, unless dummy, its folder."""
     if args.dummy_weights and args.model.lower() in PRESETS:
         return get_preset(args.model), None
-    folder = resolve_model(args.model)
+    try:
+        folder = resolve_model(args.model)
+    except ModelNotFoundError as exc:
+        if args.dummy_weights:
+            raise ModelNotFoundError(f"{exc}; dummy-weight presets: {sorted(PRESETS)}") from None
+        raise
     return ModelConfig.from_dir(folder), folder
 
 
@@ -134,6 +139,18 @@ class ModelRunner:
         dist.all_reduce(t, op=dist.ReduceOp.MIN)
         return int(t.item())
 
+    def _check_token_ids(self, inputs: StepInputs) -> None:
+        vocab = self.config.vocab_size
+        lows = [min(t) for t in inputs.prefill_tokens if t]
+        highs = [max(t) for t in inputs.prefill_tokens if t]
+        if inputs.decode_tokens:
+            lows.append(min(inputs.decode_tokens))
+            highs.append(max(inputs.decode_tokens))
+        if lows and (min(lows) < 0 or max(highs) >= vocab):
+            raise ValueError(
+                f"token ids must be in [0, {vocab}), got values in [{min(lows)}, {max(highs)}]"
+            )
+
     @torch.inference_mode()
     def logits(self, plan: Plan, inputs: StepInputs) -> torch.Tensor | None:
         """Run ``plan``; float32 logits ``[N, vocab]`` of ``plan.sampling_rids()`` (rank 0 only).
@@ -142,6 +159,7 @@ class ModelRunner:
         """
         if not plan.has_model_work:
             return None
+        self._check_token_ids(inputs)
         batch = ForwardBatch.build(
             plan,
             inputs.prefill_tokens,

@@ -99,18 +99,6 @@ class TPLeader:
         self.runner = ModelRunner(args, 0)
         self._closed = False
 
-    @property
-    def num_pages(self) -> int:
-        return self.runner.num_pages
-
-    @property
-    def page_size(self) -> int:
-        return self.runner.page_size
-
-    @property
-    def eos_token_ids(self) -> list[int]:
-        return self.runner.eos_token_ids
-
     def step(self, plan: Plan, inputs: StepInputs) -> list[int]:
         """Send the step to the followers, run it here; tokens for ``plan.sampling_rids()``."""
         if self._closed:
@@ -152,7 +140,11 @@ def follower_main(args: RunnerArgs, rank: int) -> None:
     try:
         runner = ModelRunner(args, rank)
         while True:
-            data = _receive_bytes(group)
+            try:
+                data = _receive_bytes(group)
+            except RuntimeError as exc:  # gloo: the connection to rank 0 closed
+                log.error("tp rank %d: lost rank 0, exiting: %s", rank, exc)
+                raise SystemExit(1) from None
             if data is None:
                 break
             plan, inputs = decode_step(data)

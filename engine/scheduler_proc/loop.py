@@ -44,14 +44,11 @@ def runner_args(cfg: ServeConfig) -> RunnerArgs:
         dummy_weights=cfg.dummy_weights,
         seed=cfg.seed,
         dist_init=cfg.dist_init,
+        cpu_threads=cfg.cpu_threads or 0,
     )
 
 
 def run_scheduler(cfg: ServeConfig, rank: int) -> None:
-    if cfg.cpu_threads is not None:
-        import torch
-
-        torch.set_num_threads(cfg.cpu_threads)
     from engine.runner.tp import TPLeader, follower_main
 
     args = runner_args(cfg)

@@ -13,7 +13,6 @@ import contextlib
 import itertools
 import logging
 import time
-from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 
 import msgspec
@@ -106,16 +105,13 @@ class RequestStream:
         self.result.add(item)
         if item.finish_reason is not None:
             self.done = True
-            self.frontend.finish(self)
+            self.frontend.forget(self.rid)
         return item
 
-    async def items(self) -> AsyncIterator[messages.TextItem]:
-        while not self.done:
-            yield await self.next()
-
     async def collect(self) -> RequestResult:
-        async for _ in self.items():
-            pass
+        """Wait for the end of the request; everything it produced."""
+        while not self.done:
+            await self.next()
         return self.result
 
     def close(self) -> None:
@@ -181,9 +177,6 @@ class Frontend:
         log.info("rid %s aborted by the client", rid)
         self.metrics.on_aborted()
         self._to_tokenizers[worker].send(messages.encode(messages.AbortRequest(rid=rid)))
-
-    def finish(self, stream: RequestStream) -> None:
-        self.forget(stream.rid)
 
     def forget(self, rid: str) -> None:
         self.streams.pop(rid, None)

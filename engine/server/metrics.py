@@ -2,7 +2,8 @@
 
 Gauges mirror the scheduler's ``StatsUpdate``; histograms are observed from
 the stage timestamps the pipeline carries (TTFT = first token - received,
-ITL = gap between consecutive tokens, E2E = finished - received).
+ITL = gap between consecutive tokens, queue = first scheduled - received,
+E2E = finished - received).
 """
 
 from __future__ import annotations
@@ -64,6 +65,13 @@ class ServerMetrics:
         self.itl = Histogram(
             "engine_inter_token_latency_seconds", "ITL", labels, buckets=LATENCY_BUCKETS, registry=r
         )
+        self.queue = Histogram(
+            "engine_queue_time_seconds",
+            "First scheduled - received",
+            labels,
+            buckets=LATENCY_BUCKETS,
+            registry=r,
+        )
         self.e2e = Histogram(
             "engine_e2e_request_latency_seconds", "E2E", labels, buckets=LATENCY_BUCKETS, registry=r
         )
@@ -71,7 +79,7 @@ class ServerMetrics:
         for metric in (
             self.num_running, self.num_waiting, self.pages_total, self.pages_used,
             self.pages_cached, self.pages_held, self.hit_rate, self.prompt_tokens,
-            self.generation_tokens, self.aborted, self.ttft, self.itl, self.e2e,
+            self.generation_tokens, self.aborted, self.ttft, self.itl, self.queue, self.e2e,
         ):  # fmt: skip
             metric.labels(model)
 
@@ -82,6 +90,8 @@ class ServerMetrics:
         m = self.model
         if item.prompt_tokens:
             self.prompt_tokens.labels(m).inc(item.prompt_tokens)
+        if item.first_scheduled is not None:
+            self.queue.labels(m).observe(max(0.0, item.first_scheduled - received))
         if item.token_ids:
             self.generation_tokens.labels(m).inc(len(item.token_ids))
         for t in item.token_times:

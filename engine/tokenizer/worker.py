@@ -15,7 +15,7 @@ import msgspec
 import zmq
 
 from engine import messages
-from engine.launch.child import report_ready
+from engine.launch.child import recv_message, report_ready
 from engine.launch.config import ServeConfig
 from engine.tokenizer.prompt import PromptError, fit_max_tokens, load_tokenizer, prompt_ids
 
@@ -40,10 +40,8 @@ def run_tokenizer(cfg: ServeConfig, index: int) -> None:
     report_ready(cfg, ctx, "tokenizer", index)
     log.info("ready: %s", cfg.model_path)
     while True:
-        try:
-            msg = messages.decode(inbox.recv())
-        except msgspec.DecodeError as exc:
-            log.error("dropped an undecodable message: %s", exc)
+        msg = recv_message(inbox)
+        if msg is None:
             continue
         if isinstance(msg, messages.AbortRequest):
             to_scheduler.send(messages.encode(msg))

@@ -31,11 +31,11 @@ from sim.report.plotting import annotate_no_data
 from sim.report.verdict import ADMISSION_LIMITS
 
 MIN_STEPS_PER_BIN = 20
+"""Fewer steps per bin make per-bin shares (blocked steps) too coarse to read."""
 MIN_ARRIVALS_PER_BIN = 10
+"""Arrival rates use coarser bins, so that a rate is not mostly 0 or 1 arrival."""
 QUEUE_COLORS = {"tokenizer": "#9467bd", "scheduler": "#d62728", "detokenizer": "#2ca02c"}
 BLOCKED_COLORS = {"kv_memory": "#8c564b", "running_cap": "#e377c2", "prefill_budget": "#ff7f0e"}
-
-
 CAP_SHOWN_FRACTION = 0.25
 """Draw a limit (max_running, total KV pages) only once the data reaches this share of it."""
 
@@ -59,6 +59,7 @@ def _line(x: np.ndarray, y: np.ndarray, name: str, color: str, **kw: object) -> 
 def timeline_bins(requests: pd.DataFrame, steps: pd.DataFrame, queues: pd.DataFrame) -> TimeBins:
     """Bins over the whole run: at most ``MAX_POINTS``, about ``MIN_STEPS_PER_BIN`` steps each."""
     times = [numeric(requests, "arrival"), numeric(requests, "finished"), numeric(steps, "time")]
+    times.append(numeric(queues, "time"))
     span = TimeBins.covering(times)
     count = int(np.clip(len(steps) // MIN_STEPS_PER_BIN, 20, MAX_POINTS))
     return TimeBins(span.start, span.end, count)
