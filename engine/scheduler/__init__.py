@@ -6,42 +6,20 @@ and nothing in it reads a clock.
 
 from engine.scheduler.config import SchedulerConfig, SchedulerStats
 from engine.scheduler.pages import OutOfPages, PageAllocator
-from engine.scheduler.plan import (
-    BLOCKED_KV_MEMORY,
-    BLOCKED_PREFILL_BUDGET,
-    BLOCKED_RUNNING_CAP,
-    DecodeRun,
-    DecodeSlot,
-    Event,
-    Finished,
-    FinishReason,
-    Plan,
-    Preempted,
-    PrefillChunk,
-    TokenOut,
-)
+from engine.scheduler.plan import *  # noqa: F403  (the plan types; see plan.__all__)
+from engine.scheduler.plan import __all__ as _plan_names
 from engine.scheduler.policy import POLICIES, Policy, get_policy
 from engine.scheduler.radix import RadixCache
 from engine.scheduler.request import Request, RequestStatus
 from engine.scheduler.scheduler import PLACEHOLDER_TOKEN, RequestRejected, Scheduler
 
 __all__ = [
-    "BLOCKED_KV_MEMORY",
-    "BLOCKED_PREFILL_BUDGET",
-    "BLOCKED_RUNNING_CAP",
+    *_plan_names,
     "PLACEHOLDER_TOKEN",
     "POLICIES",
-    "DecodeRun",
-    "DecodeSlot",
-    "Event",
-    "FinishReason",
-    "Finished",
     "OutOfPages",
     "PageAllocator",
-    "Plan",
     "Policy",
-    "Preempted",
-    "PrefillChunk",
     "RadixCache",
     "Request",
     "RequestRejected",
@@ -49,6 +27,5 @@ __all__ = [
     "Scheduler",
     "SchedulerConfig",
     "SchedulerStats",
-    "TokenOut",
     "get_policy",
 ]

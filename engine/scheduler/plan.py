@@ -13,6 +13,21 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
 
+__all__ = [
+    "BLOCKED_KV_MEMORY",
+    "BLOCKED_PREFILL_BUDGET",
+    "BLOCKED_RUNNING_CAP",
+    "DecodeRun",
+    "DecodeSlot",
+    "Event",
+    "FinishReason",
+    "Finished",
+    "Plan",
+    "Preempted",
+    "PrefillChunk",
+    "TokenOut",
+]
+
 BLOCKED_KV_MEMORY = "kv_memory"
 BLOCKED_RUNNING_CAP = "running_cap"
 BLOCKED_PREFILL_BUDGET = "prefill_budget"

@@ -134,28 +134,15 @@ class RadixCache:
         the caller had matched from the cache).
         """
         assert len(keys) == len(pages)
-        node = self.root
-        rejected: list[int] = []
-        i = 0
-        n = len(keys)
-        while i < n:
-            child = node.children.get(keys[i])
-            if child is None:
-                new = RadixNode(list(keys[i:]), list(pages[i:]), node, self._next_id, tick)
-                self._next_id += 1
-                node.children[keys[i]] = new
-                self.cached_pages += n - i
-                self.evictable_pages += n - i
-                return rejected
-            common = _common_prefix(child.keys, keys, i)
-            if common < len(child.keys):
-                child = self._split(child, common)
-            child.last_access = tick
-            for own, theirs in zip(child.pages, pages[i : i + common], strict=True):
-                if own != theirs:
-                    rejected.append(theirs)
-            i += common
-            node = child
+        cached, node = self.match(keys, tick)
+        rejected = [theirs for own, theirs in zip(cached, pages, strict=False) if own != theirs]
+        n = len(cached)
+        if n < len(keys):
+            new = RadixNode(list(keys[n:]), list(pages[n:]), node, self._next_id, tick)
+            self._next_id += 1
+            node.children[keys[n]] = new
+            self.cached_pages += len(new.pages)
+            self.evictable_pages += len(new.pages)
         return rejected
 
     # ------------------------------------------------------------------ evict
