@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import argparse
 import sys
+from dataclasses import fields
 from pathlib import Path
 from typing import Any
 
-from sim.config import build_config
+from sim.config import SimConfig, build_config
 from sim.costs import COST_MODELS, ProfileError
 from sim.traces import TraceError, generate, load_trace
 
@@ -109,21 +110,9 @@ def format_summary(summary: dict[str, Any]) -> str:
 def cmd_replay(args: argparse.Namespace) -> int:
     from sim.replay import run_replay, write_outputs
 
-    config = build_config(
-        args.config,
-        policy=args.policy,
-        profile=args.profile,
-        cost_model=args.cost_model,
-        model=args.model,
-        tp=args.tp,
-        num_tokenizers=args.num_tokenizers,
-        num_pages=args.num_pages,
-        overlap=args.overlap,
-        fast_forward=args.fast_forward,
-        seed=args.seed,
-        slo_ttft_ms=args.slo_ttft_ms,
-        slo_tpot_ms=args.slo_tpot_ms,
-    )
+    # the flags named after a SimConfig field override it (build_config skips the None ones)
+    flags = {f.name: getattr(args, f.name) for f in fields(SimConfig) if hasattr(args, f.name)}
+    config = build_config(args.config, **flags)
     trace = load_trace(args.trace, rate_scale=args.rate_scale, limit=args.limit)
     result = run_replay(trace, config, progress=not args.no_progress)
     summary = write_outputs(result, args.out, report=not args.no_report)

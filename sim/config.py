@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from engine.scheduler import POLICIES, SchedulerConfig
+from sim.costs import CostSpec, Profile
 from sim.costs.presets import DTYPE_BYTES, hardware, model_shape
 
 SECTIONS = ("scheduler", "model", "costs", "pipeline")
@@ -121,6 +122,9 @@ class SimConfig:
             policy=self.policy,
             prefix_cache=self.prefix_cache,
         )
+
+    def cost_spec(self, profile: Profile | None) -> CostSpec:
+        return CostSpec(self.model, self.hardware, self.tp, self.dtype, self.kv_dtype, profile)
 
     def to_dict(self) -> dict[str, Any]:
         out = asdict(self)

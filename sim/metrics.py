@@ -10,25 +10,20 @@ not checked; TPOT is not checked for one-token requests).
 
 from __future__ import annotations
 
-import math
 from typing import Any
 
 import numpy as np
 import pandas as pd
 
-from sim.pipeline import Pipeline
+from sim.pipeline import TIME_FIELDS, Pipeline
 
+TIME_COLUMNS = tuple(f for f in TIME_FIELDS if f not in ("parsed", "tokenizer_enter"))
+"""Time stamps kept in ``requests.csv``; ``parsed`` and ``tokenizer_enter`` only feed latencies."""
 REQUEST_COLUMNS = (
     "rid",
     "status",
     "reason",
-    "arrival",
-    "tokenize_start",
-    "tokenized",
-    "sched_arrival",
-    "first_scheduled",
-    "first_token",
-    "finished",
+    *TIME_COLUMNS,
     "input_tokens",
     "output_tokens",
     "cached_tokens",
@@ -61,13 +56,7 @@ def request_frame(p: Pipeline) -> pd.DataFrame:
             "rid": [r.rid for r in p.trace],
             "status": p.status,
             "reason": p.reason,
-            "arrival": t["arrival"],
-            "tokenize_start": t["tokenize_start"],
-            "tokenized": t["tokenized"],
-            "sched_arrival": t["sched_arrival"],
-            "first_scheduled": t["first_scheduled"],
-            "first_token": t["first_token"],
-            "finished": t["finished"],
+            **{k: t[k] for k in TIME_COLUMNS},
             "input_tokens": np.asarray([r.input_length for r in p.trace], dtype=np.int64),
             "output_tokens": out_tokens,
             "cached_tokens": np.asarray(p.cached_tokens, dtype=np.int64),
@@ -145,16 +134,3 @@ def summarize(
         summary[key] = _stats(done[key].to_numpy(dtype=np.float64))
     summary["itl_ms"] = _stats(np.asarray(itl_s, dtype=np.float64) * 1e3)
     return summary
-
-
-def json_safe(obj: Any) -> Any:
-    """``obj`` with NaN/inf as None and numpy scalars as Python numbers."""
-    if isinstance(obj, dict):
-        return {str(k): json_safe(v) for k, v in obj.items()}
-    if isinstance(obj, list | tuple):
-        return [json_safe(v) for v in obj]
-    if isinstance(obj, np.generic):
-        obj = obj.item()
-    if isinstance(obj, float) and not math.isfinite(obj):
-        return None
-    return obj

@@ -20,9 +20,10 @@ from tqdm import tqdm
 from engine.scheduler import Scheduler
 from sim.calls import RecordingScheduler
 from sim.config import SimConfig
-from sim.costs import CostSpec, load_cpu_costs, make_cost_model, read_profile
+from sim.costs import load_cpu_costs, make_cost_model, read_profile
 from sim.costs.base import CpuCosts, GpuCostModel
-from sim.metrics import json_safe, request_frame, summarize
+from sim.jsonsafe import json_safe
+from sim.metrics import request_frame, summarize
 from sim.pipeline import Pipeline, Progress
 from sim.traces import Trace
 
@@ -49,10 +50,7 @@ class _Bar(Progress):
 
 def build_costs(config: SimConfig) -> tuple[GpuCostModel, CpuCosts]:
     profile = read_profile(config.profile) if config.profile else None
-    spec = CostSpec(
-        config.model, config.hardware, config.tp, config.dtype, config.kv_dtype, profile
-    )
-    gpu = make_cost_model(config.cost_model, spec)
+    gpu = make_cost_model(config.cost_model, config.cost_spec(profile))
     if config.cpu_profile:
         cpu = load_cpu_costs(profile, default=config.cpu_profile)
     else:

@@ -70,12 +70,13 @@ def test_tensor_parallel_splits_work_and_adds_all_reduce() -> None:
 
 
 def test_unknown_names_are_clear_errors() -> None:
+    spec = CostSpec("llama-3.1-8b", "h200", 1, "bf16", "bf16")
     with pytest.raises(ValueError, match="unknown cost model 'magic'"):
-        make_cost_model("magic", CostSpec())
+        make_cost_model("magic", spec)
     with pytest.raises(ValueError, match="unknown model preset"):
         model_shape("gpt-5")
     with pytest.raises(ProfileError, match="needs a profile"):
-        make_cost_model("table", CostSpec())
+        make_cost_model("table", spec)
 
 
 def _roofline_profile(path: Path, roof: RooflineCostModel, tp: int = 1) -> Path:

@@ -114,7 +114,7 @@ def test_a_split_emoji_is_held_until_complete(tokenizer: Any) -> None:
     stops=st.lists(st.text(alphabet="abc é", min_size=1, max_size=3), min_size=1, max_size=3),
     cuts=st.lists(st.integers(1, 4), min_size=1, max_size=4),
 )
-def test_stop_matcher_emits_up_to_the_first_stop(
+def test_stop_matcher_cuts_at_the_first_completed_stop(
     text: str, stops: list[str], cuts: list[int]
 ) -> None:
     matcher = StopMatcher(stops)
@@ -127,10 +127,10 @@ def test_stop_matcher_emits_up_to_the_first_stop(
         out += piece
     if not matched:
         out += matcher.flush()
-    hits = [text.find(s) for s in stops if s in text]
+    hits = [(text.find(s) + len(s), text.find(s)) for s in stops if s in text]
     if hits:
         assert matched
-        assert out == text[: min(hits)]
+        assert out == text[: min(hits)[1]]  # cut where the first-completed stop starts
     else:
         assert not matched
         assert out == text

@@ -22,16 +22,16 @@ from engine.scheduler import DecodeSlot, Plan, PrefillChunk
 
 torch.set_num_threads(2)
 
-SHAPE: dict[str, Any] = dict(
-    hidden_size=64,
-    intermediate_size=96,
-    num_hidden_layers=2,
-    num_attention_heads=4,
-    num_key_value_heads=2,
-    head_dim=16,
-    vocab_size=300,
-    max_position_embeddings=512,
-)
+SHAPE: dict[str, Any] = {
+    "hidden_size": 64,
+    "intermediate_size": 96,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "head_dim": 16,
+    "vocab_size": 300,
+    "max_position_embeddings": 512,
+}
 FAMILIES: dict[str, Callable[[], Any]] = {
     "llama31": lambda: LlamaConfig(
         **SHAPE,

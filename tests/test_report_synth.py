@@ -14,16 +14,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from sim.report.binning import (
-    TimeBins,
-    bin_count,
-    bin_max,
-    bin_mean,
-    bin_sum,
-    last_value_at_edges,
-    step_function_max,
-    step_function_mean,
-)
+from sim.report import binning
 
 MAX_RUNNING = 64
 NUM_PAGES = 4096
@@ -228,28 +219,28 @@ def test_binning_matches_a_direct_computation() -> None:
     rng = np.random.default_rng(1)
     t = rng.uniform(0, 10, 5000)
     v = rng.normal(size=5000)
-    bins = TimeBins(0.0, 10.0, 37)
+    bins = binning.TimeBins(0.0, 10.0, 37)
     which = np.minimum((t / bins.width).astype(int), 36)
     for b in range(37):
         sel = which == b
-        assert bin_count(bins, t)[b] == sel.sum()
-        assert np.isclose(bin_sum(bins, t, v)[b], v[sel].sum())
-        assert np.isclose(bin_mean(bins, t, v)[b], v[sel].mean())
-        assert np.isclose(bin_max(bins, t, v)[b], v[sel].max())
+        assert binning.bin_count(bins, t)[b] == sel.sum()
+        assert np.isclose(binning.bin_sum(bins, t, v)[b], v[sel].sum())
+        assert np.isclose(binning.bin_mean(bins, t, v)[b], v[sel].mean())
+        assert np.isclose(binning.bin_max(bins, t, v)[b], v[sel].max())
 
 
 def test_step_function_and_counters_carry_values_across_empty_bins() -> None:
-    bins = TimeBins(0.0, 10.0, 10)
+    bins = binning.TimeBins(0.0, 10.0, 10)
     t = np.array([0.5, 0.7, 4.2])
     v = np.array([3.0, 1.0, 7.0])
-    peak = step_function_max(bins, t, v)
+    peak = binning.step_function_max(bins, t, v)
     np.testing.assert_array_equal(peak, [3, 1, 1, 1, 7, 7, 7, 7, 7, 7])
-    cum = last_value_at_edges(bins, t, np.array([10.0, 20.0, 50.0]))
+    cum = binning.last_value_at_edges(bins, t, np.array([10.0, 20.0, 50.0]))
     np.testing.assert_array_equal(cum, [0, 20, 20, 20, 20, 50, 50, 50, 50, 50, 50])
 
 
 def test_step_function_mean_weights_values_by_how_long_they_hold() -> None:
-    bins = TimeBins(0.0, 4.0, 2)
+    bins = binning.TimeBins(0.0, 4.0, 2)
     t = np.array([0.0, 1.0, 1.0, 3.0])
     v = np.array([2.0, 9.0, 4.0, 0.0])
-    np.testing.assert_allclose(step_function_mean(bins, t, v), [3.0, 2.0])
+    np.testing.assert_allclose(binning.step_function_mean(bins, t, v), [3.0, 2.0])

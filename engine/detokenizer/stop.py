@@ -6,6 +6,9 @@ from __future__ import annotations
 class StopMatcher:
     """Feeds on text deltas; returns the text safe to emit and whether a stop matched.
 
+    The stop that matches is the one whose occurrence *ends* first in the text
+    (the first moment a stop is complete), the earliest-starting on a tie; so
+    the result does not depend on how the text was split into deltas.
     Invariant: text is held back exactly while a suffix of it could still grow
     into a stop string, so a stop string never straddles emitted text and the
     output never contains a stop string.
@@ -23,9 +26,9 @@ class StopMatcher:
         if not self.stops:
             out, self.pending = self.pending, ""
             return out, False
-        hits = [(i, s) for s in self.stops if (i := self.pending.find(s)) >= 0]
+        hits = [(i + len(s), i, s) for s in self.stops if (i := self.pending.find(s)) >= 0]
         if hits:
-            index, self.matched = min(hits)
+            _, index, self.matched = min(hits)
             out, self.pending = self.pending[:index], ""
             return out, True
         keep = self._held_suffix()

@@ -27,30 +27,36 @@ ROLES = ("tokenizer", "detokenizer", "scheduler")
 PR_SET_PDEATHSIG = 1
 
 
-def orphaned(parent_pid: int) -> bool:
-    return os.getppid() != parent_pid
-
-
 def die_with_parent(parent_pid: int, run_dir: Path) -> None:
     """Exit soon after ``parent_pid`` stops being this process's parent.
 
-    Linux sends SIGTERM when the parent dies (``PR_SET_PDEATHSIG``); a watcher
-    thread covers the race where it died before that was set, and the first
-    orphan to notice removes the run directory the parent could not.
+    Linux sends SIGUSR1 when the parent dies (``PR_SET_PDEATHSIG``); its
+    handler removes the run directory the parent could not and exits. A
+    watcher thread covers the race where the parent died before that was set,
+    and a main thread stuck in a long native call.
     """
+
+    def on_parent_death(signum: int, frame: object) -> None:
+        signal.signal(signal.SIGUSR1, signal.SIG_IGN)
+        remove_run_dir(run_dir)
+        raise SystemExit(1)
+
+    signal.signal(signal.SIGUSR1, on_parent_death)
     if sys.platform.startswith("linux"):
         with contextlib.suppress(OSError, AttributeError):
             libc = ctypes.CDLL(None, use_errno=True)
-            libc.prctl(PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
+            libc.prctl(PR_SET_PDEATHSIG, signal.SIGUSR1, 0, 0, 0)
 
     def watch() -> None:
-        signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM, signal.SIGINT})
-        while not orphaned(parent_pid):
+        signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM, signal.SIGINT, signal.SIGUSR1})
+        while os.getppid() == parent_pid:
             time.sleep(0.5)
+        time.sleep(0.5)  # let the main thread's handler exit cleanly first
         remove_run_dir(run_dir)
         os._exit(1)
 
-    if orphaned(parent_pid):
+    if os.getppid() != parent_pid:
+        remove_run_dir(run_dir)
         os._exit(1)
     threading.Thread(target=watch, name="parent-watch", daemon=True).start()
 
@@ -115,11 +121,7 @@ def main(argv: list[str] | None = None) -> int:
     signal.signal(signal.SIGTERM, _exit_once)
     die_with_parent(cfg.parent_pid, Path(cfg.run_dir))
     setup_logging(cfg.log_level, f"{role}{rank}")
-    try:
-        run_role(cfg, role, rank)
-    finally:
-        if orphaned(cfg.parent_pid):
-            remove_run_dir(Path(cfg.run_dir))
+    run_role(cfg, role, rank)
     return 0
 
 

@@ -10,6 +10,7 @@ import signal
 import socket
 import sys
 import threading
+import time
 from pathlib import Path
 from types import FrameType
 
@@ -200,11 +201,14 @@ def run_frontend(cfg: ServeConfig, launcher: Launcher, listener: socket.socket) 
 
     def announce() -> None:
         while not server.started and not server.should_exit:
-            threading.Event().wait(0.05)
+            time.sleep(0.05)
         if server.started:
             host = f"[{cfg.host}]" if ":" in cfg.host else cfg.host
             print(f"engine serving {cfg.model} at http://{host}:{cfg.port}", flush=True)
 
     threading.Thread(target=announce, name="announce", daemon=True).start()
     server.run(sockets=[listener])
+    if not server.started and launcher.dead is None:
+        log.error("the HTTP server failed to start")
+        return 1
     return 1 if launcher.dead else 0

@@ -161,87 +161,48 @@ class ModelConfig:
         return config
 
 
+Shape = tuple[int, int, int, int, int, int, int, int]
+"""hidden, layers, heads, kv heads, head dim, intermediate, vocab, max positions."""
+
+_QWEN = {"rope_theta": 1000000.0, "tie_word_embeddings": True, "eos_token_ids": (151645, 151643)}
+
+FAMILIES: dict[str, dict[str, Any]] = {
+    "llama": {"rope_theta": 500000.0, "rms_norm_eps": 1e-5},
+    "qwen2": {**_QWEN, "qkv_bias": True},
+    "qwen3": {**_QWEN, "qk_norm": True},
+}
+"""What a family sets besides the shape (``llama`` here is Llama 3.x)."""
+
+_TOY = {"eos_token_ids": (2,), "dtype": "float32"}
+"""The two-layer toys: float32 for exact CPU tests, EOS id 2 of a 512-token vocabulary."""
+
+
+def _preset(model_type: str, shape: Shape, **details: Any) -> ModelConfig:
+    """A preset of ``model_type``'s family with ``shape``; ``details`` override the family's."""
+    family = FAMILIES[model_type]
+    return ModelConfig(
+        model_type, *shape[:-1], **{**family, "max_position_embeddings": shape[-1], **details}
+    )
+
+
 PRESETS: dict[str, ModelConfig] = {
-    "llama-3.1-8b": ModelConfig(
-        model_type="llama",
-        hidden_size=4096,
-        num_layers=32,
-        num_heads=32,
-        num_kv_heads=8,
-        head_dim=128,
-        intermediate_size=14336,
-        vocab_size=128256,
-        rope_theta=500000.0,
+    "llama-3.1-8b": _preset(
+        "llama",
+        (4096, 32, 32, 8, 128, 14336, 128256, 131072),
         rope_scaling=RopeScaling("llama3", 8.0, 1.0, 4.0, 8192),
-        rms_norm_eps=1e-5,
-        max_position_embeddings=131072,
         eos_token_ids=(128001, 128008, 128009),
         bos_token_id=128000,
     ),
-    "qwen3-0.6b": ModelConfig(
-        model_type="qwen3",
-        hidden_size=1024,
-        num_layers=28,
-        num_heads=16,
-        num_kv_heads=8,
-        head_dim=128,
-        intermediate_size=3072,
-        vocab_size=151936,
-        rope_theta=1000000.0,
-        rms_norm_eps=1e-6,
-        tie_word_embeddings=True,
-        qk_norm=True,
-        max_position_embeddings=40960,
-        eos_token_ids=(151645, 151643),
-    ),
-    "qwen2-0.5b": ModelConfig(
-        model_type="qwen2",
-        hidden_size=896,
-        num_layers=24,
-        num_heads=14,
-        num_kv_heads=2,
-        head_dim=64,
-        intermediate_size=4864,
-        vocab_size=151936,
-        rope_theta=1000000.0,
-        rms_norm_eps=1e-6,
-        tie_word_embeddings=True,
-        qkv_bias=True,
-        max_position_embeddings=32768,
-        eos_token_ids=(151645, 151643),
-    ),
-    "tiny-llama": ModelConfig(
-        model_type="llama",
-        hidden_size=64,
-        num_layers=2,
-        num_heads=4,
-        num_kv_heads=2,
-        head_dim=16,
-        intermediate_size=128,
-        vocab_size=512,
-        rope_theta=500000.0,
+    "qwen3-0.6b": _preset("qwen3", (1024, 28, 16, 8, 128, 3072, 151936, 40960)),
+    "qwen2-0.5b": _preset("qwen2", (896, 24, 14, 2, 64, 4864, 151936, 32768)),
+    # the toy Llama scales rotary frequencies from 64 positions, so short tests exercise it
+    "tiny-llama": _preset(
+        "llama",
+        (64, 2, 4, 2, 16, 128, 512, 2048),
         rope_scaling=RopeScaling("llama3", 8.0, 1.0, 4.0, 64),
-        rms_norm_eps=1e-5,
-        max_position_embeddings=2048,
-        eos_token_ids=(2,),
-        dtype="float32",
+        **_TOY,
     ),
-    "tiny-qwen3": ModelConfig(
-        model_type="qwen3",
-        hidden_size=64,
-        num_layers=2,
-        num_heads=4,
-        num_kv_heads=2,
-        head_dim=32,
-        intermediate_size=128,
-        vocab_size=512,
-        rope_theta=1000000.0,
-        tie_word_embeddings=True,
-        qk_norm=True,
-        max_position_embeddings=2048,
-        eos_token_ids=(2,),
-        dtype="float32",
-    ),
+    "tiny-qwen3": _preset("qwen3", (64, 2, 4, 2, 32, 128, 512, 2048), **_TOY),
 }
 
 

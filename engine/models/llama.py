@@ -23,15 +23,10 @@ from engine.models.rotary import Rotary, apply_rotary
 
 class LlamaAttention(nn.Module):
     def __init__(
-        self,
-        config: ModelConfig,
-        layer_id: int,
-        tp: TPInfo,
-        dtype: torch.dtype,
-        device: torch.device,
+        self, config: ModelConfig, layer: int, tp: TPInfo, dtype: torch.dtype, device: torch.device
     ) -> None:
         super().__init__()
-        self.layer_id = layer_id
+        self.layer_id = layer
         shard = head_partition(config.num_heads, config.num_kv_heads, tp.size, tp.rank)
         d, h = config.head_dim, config.hidden_size
         self.num_q = shard.q_count
@@ -91,17 +86,12 @@ class LlamaMLP(nn.Module):
 
 class LlamaDecoderLayer(nn.Module):
     def __init__(
-        self,
-        config: ModelConfig,
-        layer_id: int,
-        tp: TPInfo,
-        dtype: torch.dtype,
-        device: torch.device,
+        self, config: ModelConfig, layer: int, tp: TPInfo, dtype: torch.dtype, device: torch.device
     ) -> None:
         super().__init__()
         eps, h = config.rms_norm_eps, config.hidden_size
         self.input_layernorm = RMSNorm(h, eps, dtype, device)
-        self.self_attn = LlamaAttention(config, layer_id, tp, dtype, device)
+        self.self_attn = LlamaAttention(config, layer, tp, dtype, device)
         self.post_attention_layernorm = RMSNorm(h, eps, dtype, device)
         self.mlp = LlamaMLP(config, tp, dtype, device)
 
@@ -109,8 +99,8 @@ class LlamaDecoderLayer(nn.Module):
         self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, attn: AttentionBackend
     ) -> torch.Tensor:
         x = x + self.self_attn(self.input_layernorm(x), cos, sin, attn)
-        out: torch.Tensor = x + self.mlp(self.post_attention_layernorm(x))
-        return out
+        mlp_out: torch.Tensor = self.mlp(self.post_attention_layernorm(x))
+        return x + mlp_out
 
 
 class LlamaModel(nn.Module):

@@ -44,11 +44,11 @@ def is_model_dir(path: Path) -> bool:
     return path.is_dir() and (path / "config.json").is_file()
 
 
-def resolve_model(name_or_dir: str) -> Path:
-    """An existing HF folder as is; a known model name to its converted cache folder."""
+def _locate(name_or_dir: str) -> tuple[Path, str | None]:
+    """An existing HF folder with no cache name, or a known model's cache folder and name."""
     path = Path(name_or_dir).expanduser()
     if is_model_dir(path):
-        return path
+        return path, None
     canon = canonical_name(name_or_dir)
     if canon is None:
         known = ", ".join(sorted({*KNOWN_MODELS.values()}))
@@ -56,8 +56,13 @@ def resolve_model(name_or_dir: str) -> Path:
             f"model {name_or_dir!r} is neither a folder with a config.json nor a known model "
             f"({known})"
         )
-    target = cache_root() / canon
-    if not is_model_dir(target):
+    return cache_root() / canon, canon
+
+
+def resolve_model(name_or_dir: str) -> Path:
+    """An existing HF folder as is; a known model name to its converted cache folder."""
+    target, canon = _locate(name_or_dir)
+    if canon is not None and not is_model_dir(target):
         raise ModelNotFoundError(
             f"model {canon!r} is not set up at {target}; run `engine setup --model {canon}`"
         )
@@ -103,14 +108,8 @@ def convert_gguf(gguf: Path, target: Path) -> None:
 
 def ensure_model(name: str) -> Path:
     """The model folder, converting a known model from its GGUF package first if needed."""
-    path = Path(name).expanduser()
-    if is_model_dir(path):
-        return path
-    canon = canonical_name(name)
-    if canon is None:
-        return resolve_model(name)
-    target = cache_root() / canon
-    if not is_model_dir(target):
+    target, canon = _locate(name)
+    if canon is not None and not is_model_dir(target):
         convert_gguf(find_gguf(GGUF_PACKAGES[canon]), target)
     return target
 

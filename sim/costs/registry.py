@@ -17,13 +17,13 @@ DEFAULT_CPU_PROFILE = Path(__file__).resolve().parents[2] / "profiles" / "cpu_co
 
 @dataclass(frozen=True, slots=True)
 class CostSpec:
-    """What a cost model is built from."""
+    """What a cost model is built from (``SimConfig.cost_spec`` makes one)."""
 
-    model: str = "llama-3.1-8b"
-    hardware: str = "h200"
-    tp: int = 1
-    dtype: str = "bf16"
-    kv_dtype: str = "bf16"
+    model: str
+    hardware: str
+    tp: int
+    dtype: str
+    kv_dtype: str
     profile: Profile | None = None
 
 

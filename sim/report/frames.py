@@ -49,16 +49,3 @@ def as_float(value: Any) -> float | None:
     except (TypeError, ValueError):
         return None
     return f if math.isfinite(f) else None
-
-
-def json_clean(value: Any) -> Any:
-    """Numpy scalars to Python scalars and NaN/inf to None, recursively."""
-    if isinstance(value, dict):
-        return {str(k): json_clean(v) for k, v in value.items()}
-    if isinstance(value, list | tuple):
-        return [json_clean(v) for v in value]
-    if isinstance(value, np.generic):
-        value = value.item()
-    if isinstance(value, float) and not math.isfinite(value):
-        return None
-    return value

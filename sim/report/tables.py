@@ -14,6 +14,13 @@ from sim.report.verdict import (
     WAITING_STEP_FRACTION,
 )
 
+STEP_FIGURES = (
+    ("kv_memory", "steps blocked by KV memory or preempting"),
+    ("running_cap", "steps held at the running cap"),
+    ("prefill_budget", "steps blocked by the prefill budget"),
+)
+"""The admission limits, scored as fractions of steps, and what each score counts."""
+
 
 def evidence_table(verdict: dict[str, Any]) -> str:
     """Each limit's figure against its threshold (the binding one highlighted), then context."""
@@ -30,24 +37,7 @@ def evidence_table(verdict: dict[str, Any]) -> str:
             pct(ev["tokenizer_queue_share_of_ttft"]),
             f">= {pct(TOKENIZER_TTFT_SHARE)}",
         ),
-        (
-            "kv_memory",
-            "steps blocked by KV memory or preempting",
-            pct(scores["kv_memory"]),
-            f">= {pct(LIMIT_STEP_FRACTION)}",
-        ),
-        (
-            "running_cap",
-            "steps held at the running cap",
-            pct(scores["running_cap"]),
-            f">= {pct(LIMIT_STEP_FRACTION)}",
-        ),
-        (
-            "prefill_budget",
-            "steps blocked by the prefill budget",
-            pct(scores["prefill_budget"]),
-            f">= {pct(LIMIT_STEP_FRACTION)}",
-        ),
+        *((k, what, pct(scores[k]), f">= {pct(LIMIT_STEP_FRACTION)}") for k, what in STEP_FIGURES),
         (
             "gpu_compute",
             "engine busy / steps with requests waiting",

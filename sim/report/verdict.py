@@ -34,7 +34,8 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from sim.report.frames import as_float, blocked_reasons, get_path, json_clean, numeric
+from sim.jsonsafe import json_safe
+from sim.report.frames import as_float, blocked_reasons, get_path, numeric
 from sim.report.stages import STAGE_BY_NAME, completed_requests, stage_means_ms, stage_shares
 
 TOKENIZER_TTFT_SHARE = 0.30
@@ -208,48 +209,44 @@ def _limit_sentence(limit: str, ev: dict[str, Any]) -> str:
 
 def _limit_clause(limit: str, ev: dict[str, Any]) -> str:
     b = ev["blocked_fraction"]
+    busy_and_waiting = (
+        f"the engine is busy {_pct(ev['busy_fraction'])} of the run and requests wait at "
+        f"{_pct(ev['waiting_step_fraction'])} of steps."
+    )
+    name = LIMIT_LABELS.get(limit, limit)
     if limit == "tokenizer":
-        return (
-            f"Binding limit: tokenizer workers - requests wait {ev['tokenizer_queue_ms']:.0f} ms "
-            f"for a tokenizer on average, {_pct(ev['tokenizer_queue_share_of_ttft'])} of TTFT."
+        why = (
+            f"requests wait {ev['tokenizer_queue_ms']:.0f} ms for a tokenizer on average, "
+            f"{_pct(ev['tokenizer_queue_share_of_ttft'])} of TTFT."
         )
-    if limit == "kv_memory":
+    elif limit == "kv_memory":
         pages = ev["kv_pages_total"]
         peak = f" of {pages:.0f}" if pages is not None else ""
-        return (
-            f"Binding limit: KV memory - admission blocked by KV memory at "
-            f"{_pct(b['kv_memory'])} of steps, KV pages peak at "
-            f"{_pct(ev['kv_peak_utilization'])}{peak}, {ev['preemptions']:.0f} preemptions."
+        why = (
+            f"admission blocked by KV memory at {_pct(b['kv_memory'])} of steps, KV pages peak "
+            f"at {_pct(ev['kv_peak_utilization'])}{peak}, {ev['preemptions']:.0f} preemptions."
         )
-    if limit == "running_cap":
+    elif limit == "running_cap":
         cap = ev["max_running"]
-        cap_text = f" ({cap:.0f})" if cap is not None else ""
-        return (
-            f"Binding limit: the running-request cap{cap_text} - admission blocked by it at "
-            f"{_pct(ev['running_cap_step_fraction'])} of steps while "
-            f"requests wait."
+        name += f" ({cap:.0f})" if cap is not None else ""
+        why = (
+            f"admission blocked by it at {_pct(ev['running_cap_step_fraction'])} of steps "
+            "while requests wait."
         )
-    if limit == "prefill_budget":
-        return (
-            f"Binding limit: the prefill token budget - admission blocked by it at "
-            f"{_pct(b['prefill_budget'])} of steps."
-        )
-    if limit == "gpu_compute":
-        return (
-            f"Binding limit: GPU compute - the engine is busy {_pct(ev['busy_fraction'])} of "
-            f"the run and requests wait at {_pct(ev['waiting_step_fraction'])} of steps."
-        )
-    if _busy(ev):
+    elif limit == "prefill_budget":
+        why = f"admission blocked by it at {_pct(b['prefill_budget'])} of steps."
+    elif limit == "gpu_compute":
+        why = busy_and_waiting
+    elif _busy(ev):
         return (
             f"No limit binds: requests are admitted without queueing (they wait at "
             f"{_pct(ev['waiting_step_fraction'])} of steps), though the engine is busy "
             f"{_pct(ev['busy_fraction'])} of the run stepping its running batch "
             f"(mean {ev['mean_batch_size']:.1f} requests)."
         )
-    return (
-        f"No limit binds (underloaded): the engine is busy {_pct(ev['busy_fraction'])} of the "
-        f"run and requests wait at {_pct(ev['waiting_step_fraction'])} of steps."
-    )
+    else:
+        return f"No limit binds (underloaded): {busy_and_waiting}"
+    return f"Binding limit: {name} - {why}"
 
 
 def _busy(ev: dict[str, Any]) -> bool:
@@ -293,7 +290,7 @@ def bottleneck_verdict(
             f"share of mean TTFT ({_pct(ttft_shares[dominant_ttft])})."
         )
     parts.append(_limit_sentence(limit, ev))
-    verdict: dict[str, Any] = json_clean(
+    verdict: dict[str, Any] = json_safe(
         {
             "dominant_stage": dominant,
             "stage_shares": shares,

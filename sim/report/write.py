@@ -8,10 +8,11 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from sim.jsonsafe import json_safe
 from sim.report.fig_latency import latency_cdf_figure
 from sim.report.fig_stages import stage_breakdown_figure, stage_share_figure
 from sim.report.fig_timeline import timeline_figure
-from sim.report.frames import as_float, get_path, json_clean
+from sim.report.frames import as_float, get_path
 from sim.report.header import header_html
 from sim.report.page import Section, figure_div, page_html, trace_path
 from sim.report.slo import slo_figure, slo_result
@@ -87,7 +88,7 @@ def write_report(
     (out_dir / REPORT_NAME).write_text(
         page_html(title, header_html(summary, requests, verdict, slo), sections), encoding="utf-8"
     )
-    verdict["slo"] = json_clean(
+    verdict["slo"] = json_safe(
         {
             "slo_ttft_ms": slo.slo_ttft_ms,
             "slo_tpot_ms": slo.slo_tpot_ms,
