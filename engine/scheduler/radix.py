@@ -64,26 +64,12 @@ class RadixCache:
         A partially matched edge is split so that the returned node covers the
         prefix exactly and can be locked.
         """
-        node = self.root
-        pages: list[int] = []
-        i = 0
-        n = len(keys)
-        while i < n:
-            child = node.children.get(keys[i])
-            if child is None:
-                break
-            common = _common_prefix(child.keys, keys, i)
-            if common < len(child.keys):
-                child = self._split(child, common)
-            child.last_access = tick
-            pages.extend(child.pages)
-            i += common
-            node = child
+        pages, _, _, node = self._walk(keys, tick)
         return pages, node
 
     def match_length(self, keys: Sequence[PageKey]) -> int:
         """Number of leading pages of ``keys`` that are cached (read-only)."""
-        return self.probe(keys)[0]
+        return self._walk(keys, None)[1]
 
     def probe(self, keys: Sequence[PageKey]) -> tuple[int, int]:
         """Read-only match: (cached leading pages, of those, pages now evictable).
@@ -91,9 +77,20 @@ class RadixCache:
         The second figure is what locking the match would take out of
         ``evictable_pages``.
         """
+        _, matched, evictable, _ = self._walk(keys, None)
+        return matched, evictable
+
+    def _walk(
+        self, keys: Sequence[PageKey], tick: int | None
+    ) -> tuple[list[int], int, int, RadixNode]:
+        """Follow ``keys`` down the tree: (pages, matched, evictable matched, last node).
+
+        With a ``tick`` the walk touches the nodes it passes, splits a partial
+        edge and collects the pages; without one it only reads.
+        """
         node = self.root
-        i = 0
-        evictable = 0
+        pages: list[int] = []
+        i = evictable = 0
         n = len(keys)
         while i < n:
             child = node.children.get(keys[i])
@@ -104,9 +101,14 @@ class RadixCache:
             if child.ref == 0:
                 evictable += common
             if common < len(child.keys):
-                break
+                if tick is None:
+                    break
+                child = self._split(child, common)
+            if tick is not None:
+                child.last_access = tick
+                pages.extend(child.pages)
             node = child
-        return i, evictable
+        return pages, i, evictable, node
 
     # ------------------------------------------------------------------ locks
     def lock(self, node: RadixNode) -> None:
