@@ -7,7 +7,7 @@ PY     := $(VENV)/bin/python
 PIP    := $(PY) -m pip
 STAMP  := $(VENV)/.installed
 
-.PHONY: install demo test lint typecheck pytest model bench clean
+.PHONY: install demo test lint typecheck pytest model clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -24,7 +24,7 @@ model: $(STAMP)
 	$(VENV)/bin/engine setup --model smollm2-135m
 
 demo: $(STAMP)
-	$(VENV)/bin/sim replay traces/azure_conv.csv --limit 2000 --out out/demo
+	$(VENV)/bin/sim replay traces/azure_conv.csv --out out/demo
 	@echo "report: out/demo/report.html"
 
 lint: $(STAMP)

@@ -1,4 +1,4 @@
-"""The ``engine`` console script: ``engine serve``, ``engine setup``, ``engine profile``."""
+"""The ``engine`` console script: ``engine serve`` and ``engine setup``."""
 
 from __future__ import annotations
 
@@ -8,7 +8,6 @@ import sys
 COMMANDS = {
     "serve": ("engine.launch.serve", "serve_main", "serve a model over HTTP"),
     "setup": ("engine.models.setup", "setup_main", "convert a known model into the cache"),
-    "profile": ("engine.profile.cli", "profile_main", "measure step costs for the simulator"),
 }
 
 
@@ -28,13 +27,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"engine: unknown command {name!r}\n\n{usage()}", file=sys.stderr)
         return 2
     module_name, func_name, _ = COMMANDS[name]
-    try:
-        module = importlib.import_module(module_name)
-    except ModuleNotFoundError as exc:
-        if exc.name and module_name.startswith(exc.name):
-            print(f"engine {name}: not available in this build ({exc.name})", file=sys.stderr)
-            return 2
-        raise
+    module = importlib.import_module(module_name)
     result = getattr(module, func_name)(rest)
     return int(result or 0)
 

@@ -16,11 +16,17 @@ scheduler never sees an abort before the request it cancels.
 
 from __future__ import annotations
 
+import logging
+import time
+import uuid
 from typing import Any
 
 import msgspec
 
 from engine.sampling.params import SamplingParams
+from engine.scheduler.config import SchedulerStats
+
+log = logging.getLogger(__name__)
 
 
 class ChatMessage(msgspec.Struct, frozen=True):
@@ -28,12 +34,19 @@ class ChatMessage(msgspec.Struct, frozen=True):
     content: str
 
 
-class GenerateRequest(msgspec.Struct, tag=True):
-    """A request as the frontend received it: text, chat messages or token ids."""
+def new_rid() -> str:
+    return uuid.uuid4().hex
 
-    rid: str
+
+class GenerateRequest(msgspec.Struct, tag=True, kw_only=True):
+    """A request as the frontend received it: text, chat messages or token ids.
+
+    A new request gets a fresh ``rid`` and is ``received`` now unless they are given.
+    """
+
     sampling: SamplingParams
-    received: float
+    rid: str = msgspec.field(default_factory=new_rid)
+    received: float = msgspec.field(default_factory=time.time)
     text: str | None = None
     messages: list[ChatMessage] | None = None
     input_ids: list[int] | None = None
@@ -55,7 +68,25 @@ class AbortRequest(msgspec.Struct, tag=True):
     reason: str = "client disconnected"
 
 
-class TokenItem(msgspec.Struct):
+class RequestOutput(msgspec.Struct, kw_only=True):
+    """What a request produced so far: its tokens, how it ended, its counts and stage times."""
+
+    rid: str
+    token_ids: list[int] = []
+    token_times: list[float] = []
+    finish_reason: str | None = None
+    prompt_tokens: int = 0
+    cached_tokens: int = 0
+    tokenized: float | None = None
+    first_scheduled: float | None = None
+    finished: float | None = None
+
+    def output_fields(self) -> dict[str, Any]:
+        """The ``RequestOutput`` fields of this item, to build an item of another kind."""
+        return {name: getattr(self, name) for name in RequestOutput.__struct_fields__}
+
+
+class TokenItem(RequestOutput, kw_only=True):
     """New tokens of one request from one scheduler step (or its end).
 
     ``stop`` (the stop strings) rides along on the request's first item so the
@@ -63,15 +94,6 @@ class TokenItem(msgspec.Struct):
     rejected and never ran.
     """
 
-    rid: str
-    token_ids: list[int]
-    token_times: list[float]
-    finish_reason: str | None = None
-    prompt_tokens: int = 0
-    cached_tokens: int = 0
-    tokenized: float | None = None
-    first_scheduled: float | None = None
-    finished: float | None = None
     stop: list[str] | None = None
     error: str | None = None
 
@@ -80,19 +102,10 @@ class TokenBatch(msgspec.Struct, tag=True):
     items: list[TokenItem]
 
 
-class TextItem(msgspec.Struct):
+class TextItem(RequestOutput, kw_only=True):
     """New text of one request; ``token_ids`` are the tokens that produced it."""
 
-    rid: str
     text: str
-    token_ids: list[int]
-    token_times: list[float]
-    finish_reason: str | None = None
-    prompt_tokens: int = 0
-    cached_tokens: int = 0
-    tokenized: float | None = None
-    first_scheduled: float | None = None
-    finished: float | None = None
     error: str | None = None
     error_status: int = 400
 
@@ -102,17 +115,10 @@ class TextBatch(msgspec.Struct, tag=True):
 
 
 class StatsUpdate(msgspec.Struct, tag=True):
-    """The scheduler core's counters (``SchedulerStats``) at one moment."""
+    """The scheduler core's counters at one moment."""
 
     time: float
-    num_pages: int
-    pages_used: int
-    pages_free: int
-    pages_cached: int
-    num_waiting: int
-    num_running: int
-    prompt_tokens: int
-    cached_tokens: int
+    stats: SchedulerStats
 
 
 class Ready(msgspec.Struct, tag=True):
@@ -139,3 +145,12 @@ def encode(msg: Message) -> bytes:
 def decode(data: bytes) -> Message:
     """Decode one message; raises ``msgspec.DecodeError`` on bytes that are not one."""
     return _decoder.decode(data)
+
+
+def try_decode(data: bytes) -> Message | None:
+    """Decode one message, or log and return None for bytes that are not one."""
+    try:
+        return decode(data)
+    except msgspec.DecodeError as exc:
+        log.error("dropped an undecodable message: %s", exc)
+        return None

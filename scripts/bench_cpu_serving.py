@@ -180,7 +180,8 @@ def main() -> int:
         "(float32 CPU; batched kernels may differ in the last bits on near-ties).",
         "",
         "The server's time includes HTTP, SSE, tokenizer/detokenizer processes and ZeroMQ hops; "
-        "HF's is the model loop alone in one process.",
+        "HF's is the model loop alone in one process. Both ran on the same shared CPU, one after "
+        "the other; absolute numbers vary with other load on the machine.",
         "",
     ]
     out = Path(args.out)

@@ -60,6 +60,15 @@ def stream(tokenizer: Any, ids: list[int], cuts: list[int]) -> list[str]:
     return pieces
 
 
+def check_streams_like_full_decode(tokenizer: Any, ids: list[int], cuts: list[int]) -> None:
+    """The streamed pieces join to the full decode, with no stray replacement character."""
+    pieces = stream(tokenizer, ids, cuts)
+    full = full_decode(tokenizer, ids)
+    assert "".join(pieces) == full
+    if REPLACEMENT not in full:
+        assert all(REPLACEMENT not in p for p in pieces)
+
+
 def token_lists(tokenizer_vocab: int, byte_tokens: list[int]) -> st.SearchStrategy[list[int]]:
     any_token = st.integers(0, tokenizer_vocab - 1)
     split = st.sampled_from(byte_tokens)
@@ -73,11 +82,7 @@ def test_streamed_text_concatenates_to_full_decode(tokenizer: Any, byte_tokens: 
         cuts=st.lists(st.integers(1, 4), max_size=5),
     )
     def check(ids: list[int], cuts: list[int]) -> None:
-        pieces = stream(tokenizer, ids, cuts)
-        full = full_decode(tokenizer, ids)
-        assert "".join(pieces) == full
-        if REPLACEMENT not in full:
-            assert all(REPLACEMENT not in p for p in pieces)
+        check_streams_like_full_decode(tokenizer, ids, cuts)
 
     check()
 
@@ -87,13 +92,8 @@ def test_real_text_with_multibyte_characters_streams_cleanly(tokenizer: Any) -> 
     @given(text=st.text(min_size=1, max_size=40), cuts=st.lists(st.integers(1, 3), max_size=4))
     def check(text: str, cuts: list[int]) -> None:
         ids = tokenizer.encode(text, add_special_tokens=False)
-        if not ids:
-            return
-        pieces = stream(tokenizer, ids, cuts)
-        full = full_decode(tokenizer, ids)
-        assert "".join(pieces) == full
-        if REPLACEMENT not in full:
-            assert all(REPLACEMENT not in p for p in pieces)
+        if ids:
+            check_streams_like_full_decode(tokenizer, ids, cuts)
 
     check()
 

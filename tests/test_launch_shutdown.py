@@ -48,9 +48,19 @@ def test_sigterm_stops_every_process_and_auth_is_enforced(model_ready: str) -> N
         assert httpx.get(f"{server.url}/health", timeout=10).status_code == 200
         run_dir = Path(server.log().split("run dir ", 1)[1].split()[0])
         assert run_dir.is_dir() and (run_dir.stat().st_mode & 0o777) == 0o700
-        server.proc.send_signal(signal.SIGTERM)
+        long = {**body, "max_tokens": 2000, "ignore_eos": True, "stream": True}
+        with httpx.stream(
+            "POST", f"{server.url}/v1/completions", json=long, headers=good, timeout=60
+        ) as stream:
+            lines = stream.iter_lines()
+            assert next(lines).startswith("data: ")
+            server.proc.send_signal(signal.SIGTERM)
+            rest = [line for line in lines if line.startswith("data: ")]
+        assert rest[-1] == "data: [DONE]"  # open streams end cleanly
+        assert '"finish_reason": "abort"' in rest[-2]
         assert server.proc.wait(30) == 0
         assert not wait_gone(family, 10), "children outlived SIGTERM"
+        assert "Traceback" not in server.log()
         assert not run_dir.exists()
         assert "ignored SIGTERM" not in server.log()
     finally:

@@ -13,6 +13,7 @@ from engine.launch.config import ServeConfig
 from engine.launch.rundir import make_run_dir, remove_run_dir
 from engine.launch.serve import build_parser
 from engine.sampling.params import SamplingParams
+from engine.scheduler import SchedulerStats
 
 EXAMPLES: list[messages.Message] = [
     messages.GenerateRequest(
@@ -32,17 +33,7 @@ EXAMPLES: list[messages.Message] = [
     messages.TextBatch(
         items=[messages.TextItem(rid="e", text="t", token_ids=[], token_times=[], error="bad")]
     ),
-    messages.StatsUpdate(
-        time=0.0,
-        num_pages=8,
-        pages_used=2,
-        pages_free=6,
-        pages_cached=1,
-        num_waiting=0,
-        num_running=1,
-        prompt_tokens=10,
-        cached_tokens=4,
-    ),
+    messages.StatsUpdate(time=0.0, stats=SchedulerStats(8, 2, 6, 1, 0, 1, 10, 4)),
     messages.Ready(role="tokenizer", rank=0, pid=1, info={"num_pages": 8}),
 ]
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 from conftest import MODEL, Server
 from openai import OpenAI
@@ -16,17 +18,27 @@ def client(server: Server) -> OpenAI:
     return OpenAI(base_url=f"{server.url}/v1", api_key="unused", timeout=60, max_retries=0)
 
 
+def chat(client: OpenAI, **kwargs: Any) -> Any:
+    """A greedy answer of at most 12 tokens to ``CHAT``."""
+    return client.chat.completions.create(
+        model=MODEL, messages=CHAT, max_tokens=12, temperature=0, **kwargs
+    )
+
+
+def complete(
+    client: OpenAI, prompt: Any, max_tokens: int, temperature: float = 0, **kwargs: Any
+) -> Any:
+    return client.completions.create(
+        model=MODEL, prompt=prompt, max_tokens=max_tokens, temperature=temperature, **kwargs
+    )
+
+
 def test_models_lists_the_served_model(client: OpenAI) -> None:
     assert [m.id for m in client.models.list().data] == [MODEL]
 
 
 def test_chat_non_streaming(client: OpenAI) -> None:
-    out = client.chat.completions.create(
-        model=MODEL,
-        messages=CHAT,
-        max_tokens=12,
-        temperature=0,
-    )
+    out = chat(client)
     choice = out.choices[0]
     assert choice.message.role == "assistant"
     assert choice.message.content
@@ -38,22 +50,8 @@ def test_chat_non_streaming(client: OpenAI) -> None:
 
 
 def test_chat_streaming_matches_non_streaming(client: OpenAI) -> None:
-    full = client.chat.completions.create(
-        model=MODEL,
-        messages=CHAT,
-        max_tokens=12,
-        temperature=0,
-    )
-    chunks = list(
-        client.chat.completions.create(
-            model=MODEL,
-            messages=CHAT,
-            max_tokens=12,
-            temperature=0,
-            stream=True,
-            stream_options={"include_usage": True},
-        )
-    )
+    full = chat(client)
+    chunks = list(chat(client, stream=True, stream_options={"include_usage": True}))
     assert chunks[0].choices[0].delta.role == "assistant"
     text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
     assert text == full.choices[0].message.content
@@ -66,13 +64,7 @@ def test_chat_streaming_matches_non_streaming(client: OpenAI) -> None:
 
 
 def test_completion_non_streaming_hits_length(client: OpenAI) -> None:
-    out = client.completions.create(
-        model=MODEL,
-        prompt="Once upon a time",
-        max_tokens=8,
-        temperature=0,
-        extra_body={"ignore_eos": True},
-    )
+    out = complete(client, "Once upon a time", 8, extra_body={"ignore_eos": True})
     assert out.choices[0].finish_reason == "length"
     assert out.usage is not None and out.usage.completion_tokens == 8
     assert out.choices[0].text
@@ -83,37 +75,21 @@ def test_completion_streaming_and_token_id_prompt(client: OpenAI, model_ready: s
 
     tok = AutoTokenizer.from_pretrained(model_ready)
     ids = tok.encode("The capital of France is", add_special_tokens=False)
-    full = client.completions.create(model=MODEL, prompt=ids, max_tokens=8, temperature=0)
-    stream = client.completions.create(
-        model=MODEL, prompt="The capital of France is", max_tokens=8, temperature=0, stream=True
-    )
-    chunks = list(stream)
+    full = complete(client, ids, 8)
+    chunks = list(complete(client, "The capital of France is", 8, stream=True))
     assert "".join(c.choices[0].text for c in chunks) == full.choices[0].text
     assert chunks[-1].choices[0].finish_reason == full.choices[0].finish_reason
     assert full.usage is not None and full.usage.prompt_tokens == len(ids)
 
 
 def test_stop_string_truncates_and_finishes_with_stop(client: OpenAI) -> None:
-    base = client.completions.create(
-        model=MODEL,
-        prompt="1, 2, 3, 4,",
-        max_tokens=12,
-        temperature=0,
-        extra_body={"ignore_eos": True},
-    )
+    base = complete(client, "1, 2, 3, 4,", 12, extra_body={"ignore_eos": True})
     text = base.choices[0].text
     assert len(text) > 4
     stop = text[2:4]
     cut = text[: text.index(stop)]
     for stream in (False, True):
-        out = client.completions.create(
-            model=MODEL,
-            prompt="1, 2, 3, 4,",
-            max_tokens=12,
-            temperature=0,
-            stop=[stop],
-            stream=stream,
-        )
+        out = complete(client, "1, 2, 3, 4,", 12, stop=[stop], stream=stream)
         if stream:
             chunks = list(out)
             got = "".join(c.choices[0].text for c in chunks)
@@ -126,9 +102,7 @@ def test_stop_string_truncates_and_finishes_with_stop(client: OpenAI) -> None:
 
 def test_seeded_sampling_repeats(client: OpenAI) -> None:
     def sample() -> str:
-        out = client.completions.create(
-            model=MODEL, prompt="My favourite food is", max_tokens=10, temperature=1.0, seed=1234
-        )
+        out = complete(client, "My favourite food is", 10, temperature=1.0, seed=1234)
         return out.choices[0].text
 
     assert sample() == sample()

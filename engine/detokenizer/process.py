@@ -13,12 +13,10 @@ from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Any
 
-import zmq
-
 from engine import messages
 from engine.detokenizer.incremental import IncrementalDecoder
 from engine.detokenizer.stop import StopMatcher
-from engine.launch.child import recv_message, report_ready
+from engine.launch.child import open_sockets, recv_message, report_ready
 from engine.launch.config import ServeConfig
 
 log = logging.getLogger(__name__)
@@ -72,32 +70,17 @@ class Detokenizer:
             text += state.stop.flush()
         if finish is not None:
             del self.states[item.rid]
-        return messages.TextItem(
-            rid=item.rid,
-            text=text,
-            token_ids=item.token_ids,
-            token_times=item.token_times,
-            finish_reason=finish,
-            prompt_tokens=item.prompt_tokens,
-            cached_tokens=item.cached_tokens,
-            tokenized=item.tokenized,
-            first_scheduled=item.first_scheduled,
-            finished=item.finished,
-            error=item.error,
-        )
+        output = item.output_fields() | {"finish_reason": finish}
+        return messages.TextItem(**output, text=text, error=item.error)
 
 
 def run_detokenizer(cfg: ServeConfig) -> None:
     from engine.tokenizer.prompt import load_tokenizer
 
     detok = Detokenizer(load_tokenizer(cfg.model_path))
-    ctx = zmq.Context()
-    inbox = ctx.socket(zmq.PULL)
-    inbox.bind(cfg.detokenizer_addr)
-    to_frontend = ctx.socket(zmq.PUSH)
-    to_frontend.connect(cfg.frontend_addr)
-    to_scheduler = ctx.socket(zmq.PUSH)
-    to_scheduler.connect(cfg.scheduler_addr)
+    ctx, inbox, (to_frontend, to_scheduler) = open_sockets(
+        cfg.detokenizer_addr, cfg.frontend_addr, cfg.scheduler_addr
+    )
     report_ready(cfg, ctx, "detokenizer", 0)
     while True:
         msg = recv_message(inbox)

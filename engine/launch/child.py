@@ -16,7 +16,6 @@ import threading
 import time
 from pathlib import Path
 
-import msgspec
 import zmq
 
 from engine import messages
@@ -82,17 +81,28 @@ def recv_message(sock: zmq.Socket[bytes]) -> messages.Message | None:
     """
     while not sock.poll(SIGNAL_CHECK_MS):
         pass
-    data = sock.recv()
-    try:
-        return messages.decode(data)
-    except msgspec.DecodeError as exc:
-        logging.getLogger(__name__).error("dropped an undecodable message: %s", exc)
-        return None
+    return messages.try_decode(sock.recv())
 
 
-def report_ready(
-    cfg: ServeConfig, ctx: zmq.Context[zmq.Socket[bytes]], role: str, rank: int, **info: object
-) -> None:
+Context = zmq.Context[zmq.Socket[bytes]]
+
+
+def open_sockets(
+    inbox_addr: str, *out_addrs: str
+) -> tuple[Context, zmq.Socket[bytes], list[zmq.Socket[bytes]]]:
+    """A new context, a PULL socket bound at ``inbox_addr`` and a PUSH to each of ``out_addrs``."""
+    ctx: Context = zmq.Context()
+    inbox = ctx.socket(zmq.PULL)
+    inbox.bind(inbox_addr)
+    outs = []
+    for addr in out_addrs:
+        sock = ctx.socket(zmq.PUSH)
+        sock.connect(addr)
+        outs.append(sock)
+    return ctx, inbox, outs
+
+
+def report_ready(cfg: ServeConfig, ctx: Context, role: str, rank: int, **info: object) -> None:
     """Tell the launcher this child is ready to serve."""
     sock = ctx.socket(zmq.PUSH)
     sock.setsockopt(zmq.LINGER, 2000)

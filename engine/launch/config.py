@@ -2,9 +2,34 @@
 
 from __future__ import annotations
 
+import inspect
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any, TypeVar
 
 import msgspec
+
+C = TypeVar("C")
+
+
+def config_from(kind: Callable[..., C], source: object, **given: Any) -> C:
+    """A ``kind`` of the ``given`` fields; ``source``'s attributes of the same name fill the rest.
+
+    Builds one config (a dataclass or a struct) from another, or from parsed options.
+    """
+    names = inspect.signature(kind).parameters
+    taken = {name: getattr(source, name) for name in names if hasattr(source, name)}
+    return kind(**taken | given)
+
+
+class SocketAddr:
+    """``cfg.NAME_addr``: the address of the socket ``NAME`` of a ``ServeConfig``."""
+
+    def __set_name__(self, owner: type, attr: str) -> None:
+        self.name = attr.removesuffix("_addr")
+
+    def __get__(self, cfg: ServeConfig, owner: type | None = None) -> str:
+        return cfg.addr(self.name)
 
 
 class ServeConfig(msgspec.Struct, kw_only=True):
@@ -45,21 +70,10 @@ class ServeConfig(msgspec.Struct, kw_only=True):
     def tokenizer_addr(self, index: int) -> str:
         return self.addr(f"tokenizer{index}")
 
-    @property
-    def scheduler_addr(self) -> str:
-        return self.addr("scheduler")
-
-    @property
-    def detokenizer_addr(self) -> str:
-        return self.addr("detokenizer")
-
-    @property
-    def frontend_addr(self) -> str:
-        return self.addr("frontend")
-
-    @property
-    def ready_addr(self) -> str:
-        return self.addr("ready")
+    scheduler_addr = SocketAddr()
+    detokenizer_addr = SocketAddr()
+    frontend_addr = SocketAddr()
+    ready_addr = SocketAddr()
 
     def save(self) -> Path:
         path = Path(self.run_dir) / "config.json"

@@ -11,13 +11,14 @@ import socket
 import sys
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from types import FrameType
 
 import uvicorn
 import zmq
 
-from engine.launch.config import ServeConfig
+from engine.launch.config import ServeConfig, config_from
 from engine.launch.launcher import ChildDied, Launcher
 from engine.launch.rundir import make_run_dir, remove_run_dir
 from engine.models.setup import ModelNotFoundError, ensure_model
@@ -94,37 +95,27 @@ def bind_listener(host: str, port: int) -> socket.socket:
 def make_config(
     args: argparse.Namespace, model_path: Path, run_dir: Path, port: int
 ) -> ServeConfig:
+    """The config of this server: the options named like a config field, and the rest."""
     context_len = model_context_len(model_path)
-    max_model_len = min(args.max_model_len or context_len, context_len)
-    return ServeConfig(
-        model=args.model,
+    return config_from(
+        ServeConfig,
+        args,
         model_path=str(model_path),
         run_dir=str(run_dir),
         parent_pid=os.getpid(),
-        max_model_len=max_model_len,
-        device=args.device,
-        dtype=args.dtype,
+        max_model_len=min(args.max_model_len or context_len, context_len),
         tp_size=args.tp,
-        num_tokenizers=args.num_tokenizers,
-        host=args.host,
         port=port,
-        policy=args.policy,
-        dummy_weights=args.dummy_weights,
-        api_key=args.api_key,
-        max_running=args.max_running,
-        max_prefill_tokens=args.max_prefill_tokens,
-        num_pages=args.num_pages,
-        page_size=args.page_size,
         prefix_cache=not args.no_prefix_cache,
-        cpu_threads=args.cpu_threads,
-        seed=args.seed,
         dist_init=f"tcp://127.0.0.1:{free_tcp_port()}" if args.tp > 1 else "",
-        log_level=args.log_level,
     )
 
 
+SHUTDOWN_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+
+
 class ShutdownRequested(Exception):
-    """SIGINT or SIGTERM arrived: stop everything and exit cleanly."""
+    """SIGINT, SIGTERM or SIGHUP arrived: stop everything and exit cleanly."""
 
 
 def _on_signal(signum: int, frame: FrameType | None) -> None:
@@ -154,8 +145,8 @@ def serve_main(argv: list[str] | None = None) -> int:
         parser.exit(2, f"error: cannot listen on {args.host}:{args.port}: {exc}\n")
     port = int(listener.getsockname()[1])
 
-    signal.signal(signal.SIGTERM, _on_signal)
-    signal.signal(signal.SIGINT, _on_signal)
+    for sig in SHUTDOWN_SIGNALS:
+        signal.signal(sig, _on_signal)
     run_dir = make_run_dir()
     cfg = make_config(args, model_path, run_dir, port)
     log.info("run dir %s", run_dir)
@@ -175,14 +166,26 @@ def serve_main(argv: list[str] | None = None) -> int:
     except ShutdownRequested as exc:
         log.info("%s received; shutting down", exc)
     finally:
-        signal.signal(signal.SIGTERM, signal.SIG_IGN)
-        signal.signal(signal.SIGINT, signal.SIG_IGN)
+        for sig in SHUTDOWN_SIGNALS:
+            signal.signal(sig, signal.SIG_IGN)
         launcher.stop()
         listener.close()
         ctx.term()
         remove_run_dir(run_dir)
         log.info("stopped")
     return status
+
+
+class EngineServer(uvicorn.Server):
+    """uvicorn that ends open streams before waiting for their connections to close."""
+
+    def __init__(self, config: uvicorn.Config, on_shutdown: Callable[[], None]) -> None:
+        super().__init__(config)
+        self.on_shutdown = on_shutdown
+
+    async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
+        self.on_shutdown()
+        await super().shutdown(sockets)
 
 
 def run_frontend(cfg: ServeConfig, launcher: Launcher, listener: socket.socket) -> int:
@@ -196,7 +199,7 @@ def run_frontend(cfg: ServeConfig, launcher: Launcher, listener: socket.socket) 
         timeout_graceful_shutdown=3,
         access_log=cfg.log_level == "debug",
     )
-    server = uvicorn.Server(config)
+    server = EngineServer(config, on_shutdown=app.state.ctx.frontend.end_all)
     launcher.watch(lambda _: setattr(server, "should_exit", True))
 
     def announce() -> None:
@@ -206,6 +209,11 @@ def run_frontend(cfg: ServeConfig, launcher: Launcher, listener: socket.socket) 
             host = f"[{cfg.host}]" if ":" in cfg.host else cfg.host
             print(f"engine serving {cfg.model} at http://{host}:{cfg.port}", flush=True)
 
+    def on_hangup(signum: int, frame: FrameType | None) -> None:
+        log.info("SIGHUP received; shutting down")
+        server.should_exit = True
+
+    signal.signal(signal.SIGHUP, on_hangup)  # uvicorn itself handles SIGINT and SIGTERM
     threading.Thread(target=announce, name="announce", daemon=True).start()
     server.run(sockets=[listener])
     if not server.started and launcher.dead is None:

@@ -13,14 +13,13 @@ import logging
 import time
 from typing import TYPE_CHECKING
 
-import msgspec
 import zmq
 
 from engine import messages
-from engine.launch.child import report_ready
-from engine.launch.config import ServeConfig
+from engine.launch.child import open_sockets, report_ready
+from engine.launch.config import ServeConfig, config_from
 from engine.runner.args import RunnerArgs
-from engine.scheduler import SchedulerConfig
+from engine.scheduler import SchedulerConfig, SchedulerStats
 from engine.scheduler_proc.engine import Engine
 
 if TYPE_CHECKING:
@@ -34,18 +33,8 @@ STATS_INTERVAL_S = 0.05
 
 
 def runner_args(cfg: ServeConfig) -> RunnerArgs:
-    return RunnerArgs(
-        model=cfg.model_path,
-        device=cfg.device,
-        dtype=cfg.dtype,
-        tp_size=cfg.tp_size,
-        num_pages=cfg.num_pages,
-        page_size=cfg.page_size,
-        dummy_weights=cfg.dummy_weights,
-        seed=cfg.seed,
-        dist_init=cfg.dist_init,
-        cpu_threads=cfg.cpu_threads or 0,
-    )
+    """The runner's arguments: the config's fields of the same name, and the model's folder."""
+    return config_from(RunnerArgs, cfg, model=cfg.model_path, cpu_threads=cfg.cpu_threads or 0)
 
 
 def run_scheduler(cfg: ServeConfig, rank: int) -> None:
@@ -64,22 +53,13 @@ def run_scheduler(cfg: ServeConfig, rank: int) -> None:
 
 def serve_rank0(cfg: ServeConfig, leader: TPLeader) -> None:
     runner = leader.runner
-    sched_cfg = SchedulerConfig(
-        num_pages=runner.num_pages,
-        page_size=runner.page_size,
-        max_running=cfg.max_running,
-        max_prefill_tokens=cfg.max_prefill_tokens,
-        policy=cfg.policy,
-        prefix_cache=cfg.prefix_cache,
+    sched_cfg = config_from(
+        SchedulerConfig, cfg, num_pages=runner.num_pages, page_size=runner.page_size
     )
     engine = Engine(sched_cfg, leader.step, runner.eos_token_ids)
-    ctx = zmq.Context()
-    inbox = ctx.socket(zmq.PULL)
-    inbox.bind(cfg.scheduler_addr)
-    to_detok = ctx.socket(zmq.PUSH)
-    to_detok.connect(cfg.detokenizer_addr)
-    to_frontend = ctx.socket(zmq.PUSH)
-    to_frontend.connect(cfg.frontend_addr)
+    ctx, inbox, (to_detok, to_frontend) = open_sockets(
+        cfg.scheduler_addr, cfg.detokenizer_addr, cfg.frontend_addr
+    )
     report_ready(
         cfg,
         ctx,
@@ -106,7 +86,7 @@ class SchedulerLoop:
         self.inbox = inbox
         self.to_detok = to_detok
         self.to_frontend = to_frontend
-        self.last_stats: tuple[int, ...] | None = None
+        self.last_stats: SchedulerStats | None = None
         self.last_stats_time = 0.0
 
     def run(self) -> None:
@@ -137,18 +117,14 @@ class SchedulerLoop:
                 data = self.inbox.recv(zmq.NOBLOCK)
             except zmq.Again:
                 return errors
-            try:
-                msg = messages.decode(data)
-            except msgspec.DecodeError as exc:
-                log.error("dropped an undecodable message: %s", exc)
-                continue
+            msg = messages.try_decode(data)
             if isinstance(msg, messages.TokenizedRequest):
                 error = self.engine.add(msg)
                 if error is not None:
                     errors.append(error)
             elif isinstance(msg, messages.AbortRequest):
                 self.engine.abort(msg.rid, msg.reason)
-            else:
+            elif msg is not None:
                 log.error("unexpected message %s", type(msg).__name__)
 
     def send_stats(self, force: bool) -> None:
@@ -156,28 +132,9 @@ class SchedulerLoop:
         now = time.time()
         if not force and now - self.last_stats_time < STATS_INTERVAL_S:
             return
-        s = self.engine.stats()
-        key = (
-            s.pages_used,
-            s.pages_cached,
-            s.num_waiting,
-            s.num_running,
-            s.prompt_tokens,
-            s.cached_tokens,
-        )
-        if key == self.last_stats:
+        stats = self.engine.stats()
+        if stats == self.last_stats:
             return
-        self.last_stats = key
+        self.last_stats = stats
         self.last_stats_time = now
-        update = messages.StatsUpdate(
-            time=now,
-            num_pages=s.num_pages,
-            pages_used=s.pages_used,
-            pages_free=s.pages_free,
-            pages_cached=s.pages_cached,
-            num_waiting=s.num_waiting,
-            num_running=s.num_running,
-            prompt_tokens=s.prompt_tokens,
-            cached_tokens=s.cached_tokens,
-        )
-        self.to_frontend.send(messages.encode(update))
+        self.to_frontend.send(messages.encode(messages.StatsUpdate(time=now, stats=stats)))

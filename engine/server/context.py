@@ -5,17 +5,20 @@ from __future__ import annotations
 import asyncio
 import secrets
 import time
-import uuid
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import TypeVar
+from typing import Any, TypeVar
 
+from fastapi.responses import JSONResponse, Response
 from starlette.requests import Request
 
+from engine import messages
 from engine.launch.config import ServeConfig
 from engine.server.errors import APIError
-from engine.server.frontend import Frontend, RequestError, RequestStream
+from engine.server.frontend import Frontend, RequestError, RequestResult, RequestStream
 from engine.server.metrics import ServerMetrics
+from engine.server.protocol import B, parse_body
+from engine.server.sse import SSEResponse
 
 T = TypeVar("T")
 DISCONNECT_POLL_S = 0.5
@@ -59,8 +62,29 @@ class ServerContext:
             raise APIError(f"the server is shutting down: {reason}", status=503)
 
 
-def new_rid() -> str:
-    return uuid.uuid4().hex
+async def admit(request: Request, body_type: type[B]) -> tuple[ServerContext, B]:
+    """The server's context and the parsed body of an authorized request to a healthy server."""
+    ctx: ServerContext = request.app.state.ctx
+    ctx.authorize(request)
+    ctx.check_healthy()
+    return ctx, parse_body(await request.body(), body_type)
+
+
+async def respond(
+    request: Request,
+    ctx: ServerContext,
+    req: messages.GenerateRequest,
+    streaming: bool,
+    events: Callable[[RequestStream, messages.TextItem], AsyncIterator[bytes]],
+    final: Callable[[RequestResult], dict[str, Any]],
+) -> Response:
+    """Submit ``req``; answer with the SSE ``events`` of its stream or the ``final`` JSON body."""
+    stream = ctx.frontend.submit(req)
+    if streaming:
+        first = await await_or_abort(request, stream, stream.next())
+        return SSEResponse(events(stream, first))
+    result = await await_or_abort(request, stream, stream.collect())
+    return JSONResponse(final(result))
 
 
 async def await_or_abort(request: Request, stream: RequestStream, work: Awaitable[T]) -> T:

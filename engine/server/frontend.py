@@ -13,9 +13,7 @@ import contextlib
 import itertools
 import logging
 import time
-from dataclasses import dataclass, field
 
-import msgspec
 import zmq
 import zmq.asyncio
 
@@ -36,21 +34,11 @@ class RequestError(Exception):
         self.param = param
 
 
-@dataclass
-class RequestResult:
+class RequestResult(messages.RequestOutput, kw_only=True):
     """Everything a finished (or failed) request produced, with its stage timestamps."""
 
-    rid: str
     received: float
     text: str = ""
-    token_ids: list[int] = field(default_factory=list)
-    token_times: list[float] = field(default_factory=list)
-    finish_reason: str | None = None
-    prompt_tokens: int = 0
-    cached_tokens: int = 0
-    tokenized: float | None = None
-    first_scheduled: float | None = None
-    finished: float | None = None
 
     def add(self, item: messages.TextItem) -> None:
         self.text += item.text
@@ -178,18 +166,25 @@ class Frontend:
         self.metrics.on_aborted()
         self._to_tokenizers[worker].send(messages.encode(messages.AbortRequest(rid=rid)))
 
+    def end_all(self, reason: str = "abort") -> None:
+        """Finish every open request now (server shutdown) and abort it in the scheduler."""
+        for rid, stream in list(self.streams.items()):
+            stream.queue.put_nowait(messages.TextItem(rid=rid, text="", finish_reason=reason))
+            worker = self.worker_of.get(rid)
+            if worker is not None:
+                self._to_tokenizers[worker].send(
+                    messages.encode(messages.AbortRequest(rid=rid, reason="server shutdown"))
+                )
+        if self.streams:
+            log.info("ended %d open requests for shutdown", len(self.streams))
+
     def forget(self, rid: str) -> None:
         self.streams.pop(rid, None)
         self.worker_of.pop(rid, None)
 
     async def _receive_loop(self, inbox: zmq.asyncio.Socket) -> None:
         while True:
-            data = await inbox.recv()
-            try:
-                msg = messages.decode(data)
-            except msgspec.DecodeError as exc:
-                log.error("dropped an undecodable message: %s", exc)
-                continue
+            msg = messages.try_decode(await inbox.recv())
             if isinstance(msg, messages.TextBatch):
                 for item in msg.items:
                     stream = self.streams.get(item.rid)
@@ -201,5 +196,5 @@ class Frontend:
             elif isinstance(msg, messages.StatsUpdate):
                 self.stats = msg
                 self.metrics.on_stats(msg)
-            else:
+            elif msg is not None:
                 log.error("unexpected message %s", type(msg).__name__)

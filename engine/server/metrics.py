@@ -8,9 +8,13 @@ E2E = finished - received).
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import Any, TypeVar
+
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
 from engine import messages
+from engine.scheduler.config import SchedulerStats
 
 LATENCY_BUCKETS = (
     0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.5, 0.75,
@@ -18,106 +22,85 @@ LATENCY_BUCKETS = (
 )  # fmt: skip
 
 
+# the gauges that mirror the scheduler core's counters: name, help, value
+STATS_GAUGES: tuple[tuple[str, str, Callable[[SchedulerStats], float]], ...] = (
+    ("engine_num_running_requests", "Requests holding KV", lambda s: s.num_running),
+    ("engine_num_waiting_requests", "Requests queued", lambda s: s.num_waiting),
+    ("engine_kv_pages_total", "KV pages in the pool", lambda s: s.num_pages),
+    ("engine_kv_pages_used", "KV pages allocated (held or cached)", lambda s: s.pages_used),
+    ("engine_kv_pages_cached", "Evictable pages in the prefix cache", lambda s: s.pages_cached),
+    ("engine_kv_pages_held", "KV pages held by live requests", lambda s: s.pages_held),
+    ("engine_prefix_cache_hit_rate", "Cached over prompt tokens", lambda s: s.prefix_hit_rate),
+)
+
+M = TypeVar("M", Counter, Gauge, Histogram)
+
+
 class ServerMetrics:
+    """The metrics of one server, each labelled with the model it serves."""
+
     def __init__(self, model: str) -> None:
         self.registry = CollectorRegistry()
-        r, labels = self.registry, ["model"]
-        self.num_running = Gauge(
-            "engine_num_running_requests", "Requests holding KV", labels, registry=r
+        self.model = model
+        self.stats_gauges = [
+            (self._metric(Gauge, name, help_), value) for name, help_, value in STATS_GAUGES
+        ]
+        self.prompt_tokens = self._metric(
+            Counter, "engine_prompt_tokens", "Prompt tokens of started requests"
         )
-        self.num_waiting = Gauge(
-            "engine_num_waiting_requests", "Requests queued", labels, registry=r
+        self.generation_tokens = self._metric(
+            Counter, "engine_generation_tokens", "Generated tokens"
         )
-        self.pages_total = Gauge(
-            "engine_kv_pages_total", "KV pages in the pool", labels, registry=r
-        )
-        self.pages_used = Gauge(
-            "engine_kv_pages_used", "KV pages allocated (held or cached)", labels, registry=r
-        )
-        self.pages_cached = Gauge(
-            "engine_kv_pages_cached", "Evictable pages in the prefix cache", labels, registry=r
-        )
-        self.pages_held = Gauge(
-            "engine_kv_pages_held", "KV pages held by live requests", labels, registry=r
-        )
-        self.hit_rate = Gauge(
-            "engine_prefix_cache_hit_rate", "Cached over prompt tokens", labels, registry=r
-        )
-        self.prompt_tokens = Counter(
-            "engine_prompt_tokens", "Prompt tokens of started requests", labels, registry=r
-        )
-        self.generation_tokens = Counter(
-            "engine_generation_tokens", "Generated tokens", labels, registry=r
+        self.aborted = self._metric(
+            Counter, "engine_requests_aborted", "Requests aborted by clients"
         )
         self.finished = Counter(
-            "engine_requests_finished", "Finished requests", [*labels, "reason"], registry=r
+            "engine_requests_finished",
+            "Finished requests",
+            ["model", "reason"],
+            registry=self.registry,
         )
-        self.aborted = Counter(
-            "engine_requests_aborted", "Requests aborted by clients", labels, registry=r
-        )
-        self.ttft = Histogram(
-            "engine_time_to_first_token_seconds",
-            "TTFT",
-            labels,
-            buckets=LATENCY_BUCKETS,
-            registry=r,
-        )
-        self.itl = Histogram(
-            "engine_inter_token_latency_seconds", "ITL", labels, buckets=LATENCY_BUCKETS, registry=r
-        )
-        self.queue = Histogram(
-            "engine_queue_time_seconds",
-            "First scheduled - received",
-            labels,
-            buckets=LATENCY_BUCKETS,
-            registry=r,
-        )
-        self.e2e = Histogram(
-            "engine_e2e_request_latency_seconds", "E2E", labels, buckets=LATENCY_BUCKETS, registry=r
-        )
-        self.model = model
-        for metric in (
-            self.num_running, self.num_waiting, self.pages_total, self.pages_used,
-            self.pages_cached, self.pages_held, self.hit_rate, self.prompt_tokens,
-            self.generation_tokens, self.aborted, self.ttft, self.itl, self.queue, self.e2e,
-        ):  # fmt: skip
-            metric.labels(model)
+        self.ttft = self._latency("engine_time_to_first_token_seconds", "TTFT")
+        self.itl = self._latency("engine_inter_token_latency_seconds", "ITL")
+        self.queue = self._latency("engine_queue_time_seconds", "First scheduled - received")
+        self.e2e = self._latency("engine_e2e_request_latency_seconds", "E2E")
+
+    def _metric(self, kind: type[M], name: str, help_: str, **kwargs: Any) -> M:
+        """A new metric of ``kind``; the returned child is the one of this server's model."""
+        metric = kind(name, help_, ["model"], registry=self.registry, **kwargs)
+        return metric.labels(self.model)
+
+    def _latency(self, name: str, help_: str) -> Histogram:
+        return self._metric(Histogram, name, help_, buckets=LATENCY_BUCKETS)
 
     def on_item(
         self, received: float, last_token_time: float | None, item: messages.TextItem
     ) -> float | None:
         """Observe one output item; returns the time of the request's latest token."""
-        m = self.model
         if item.prompt_tokens:
-            self.prompt_tokens.labels(m).inc(item.prompt_tokens)
+            self.prompt_tokens.inc(item.prompt_tokens)
         if item.first_scheduled is not None:
-            self.queue.labels(m).observe(max(0.0, item.first_scheduled - received))
+            self.queue.observe(max(0.0, item.first_scheduled - received))
         if item.token_ids:
-            self.generation_tokens.labels(m).inc(len(item.token_ids))
+            self.generation_tokens.inc(len(item.token_ids))
         for t in item.token_times:
             if last_token_time is None:
-                self.ttft.labels(m).observe(max(0.0, t - received))
+                self.ttft.observe(max(0.0, t - received))
             else:
-                self.itl.labels(m).observe(max(0.0, t - last_token_time))
+                self.itl.observe(max(0.0, t - last_token_time))
             last_token_time = t
         if item.finish_reason is not None and item.error is None:
-            self.finished.labels(m, item.finish_reason).inc()
+            self.finished.labels(self.model, item.finish_reason).inc()
             end = item.finished or last_token_time or received
-            self.e2e.labels(m).observe(max(0.0, end - received))
+            self.e2e.observe(max(0.0, end - received))
         return last_token_time
 
     def on_aborted(self) -> None:
-        self.aborted.labels(self.model).inc()
+        self.aborted.inc()
 
-    def on_stats(self, s: messages.StatsUpdate) -> None:
-        m = self.model
-        self.num_running.labels(m).set(s.num_running)
-        self.num_waiting.labels(m).set(s.num_waiting)
-        self.pages_total.labels(m).set(s.num_pages)
-        self.pages_used.labels(m).set(s.pages_used)
-        self.pages_cached.labels(m).set(s.pages_cached)
-        self.pages_held.labels(m).set(s.pages_used - s.pages_cached)
-        self.hit_rate.labels(m).set(s.cached_tokens / s.prompt_tokens if s.prompt_tokens else 0.0)
+    def on_stats(self, update: messages.StatsUpdate) -> None:
+        for gauge, value in self.stats_gauges:
+            gauge.set(value(update.stats))
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-import time
 from collections.abc import AsyncIterator
+from typing import Any
 
 from fastapi import APIRouter
 from fastapi.responses import JSONResponse, Response
@@ -11,11 +11,11 @@ from prometheus_client import CONTENT_TYPE_LATEST
 from starlette.requests import Request
 
 from engine import messages
-from engine.server.context import ServerContext, await_or_abort, new_rid
+from engine.server.context import ServerContext, admit, respond
 from engine.server.errors import APIError, error_body
-from engine.server.frontend import RequestError, RequestStream
-from engine.server.protocol import GenerateBody, native_sampling_params, parse_body
-from engine.server.sse import DONE, SSEResponse, sse_event
+from engine.server.frontend import RequestError, RequestResult, RequestStream
+from engine.server.protocol import GenerateBody, native_sampling_params
+from engine.server.sse import DONE, sse_event
 
 router = APIRouter()
 
@@ -43,30 +43,21 @@ async def generate_events(stream: RequestStream, first: messages.TextItem) -> As
 @router.post("/generate")
 async def generate(request: Request) -> Response:
     """Text or token ids in; text, token ids and per-stage timestamps (``meta_info``) out."""
-    ctx: ServerContext = request.app.state.ctx
-    ctx.authorize(request)
-    ctx.check_healthy()
-    body = parse_body(await request.body(), GenerateBody)
+    ctx, body = await admit(request, GenerateBody)
     if (body.text is None) == (body.input_ids is None):
         raise APIError("give exactly one of text and input_ids", param="text")
-    params = native_sampling_params(body.sampling_params, ctx.cfg.max_model_len)
     req = messages.GenerateRequest(
-        rid=new_rid(),
-        sampling=params,
-        received=time.time(),
+        sampling=native_sampling_params(body.sampling_params, ctx.cfg.max_model_len),
         text=body.text,
         input_ids=body.input_ids,
         priority=body.priority,
         max_tokens_explicit="max_new_tokens" in body.sampling_params,
     )
-    stream = ctx.frontend.submit(req)
-    if body.stream:
-        first = await await_or_abort(request, stream, stream.next())
-        return SSEResponse(generate_events(stream, first))
-    result = await await_or_abort(request, stream, stream.collect())
-    return JSONResponse(
-        {"text": result.text, "output_ids": result.token_ids, "meta_info": result.meta_info()}
-    )
+    return await respond(request, ctx, req, body.stream, generate_events, final_body)
+
+
+def final_body(result: RequestResult) -> dict[str, Any]:
+    return {"text": result.text, "output_ids": result.token_ids, "meta_info": result.meta_info()}
 
 
 @router.get("/health")

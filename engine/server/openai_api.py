@@ -11,7 +11,7 @@ from fastapi.responses import JSONResponse, Response
 from starlette.requests import Request
 
 from engine import messages
-from engine.server.context import ServerContext, await_or_abort, new_rid
+from engine.server.context import ServerContext, admit, respond
 from engine.server.errors import APIError, error_body
 from engine.server.frontend import RequestError, RequestResult, RequestStream
 from engine.server.protocol import (
@@ -21,10 +21,9 @@ from engine.server.protocol import (
     SamplingFields,
     chat_messages,
     completion_prompt,
-    parse_body,
     sampling_params,
 )
-from engine.server.sse import DONE, SSEResponse, sse_event
+from engine.server.sse import DONE, sse_event
 
 router = APIRouter()
 
@@ -118,70 +117,57 @@ async def stream_events(
         stream.close()
 
 
-async def respond(
+async def answer(
     request: Request,
     ctx: ServerContext,
     body: SamplingFields,
-    shape: Shape,
+    chat: bool,
     req: messages.GenerateRequest,
 ) -> Response:
-    stream = ctx.frontend.submit(req)
-    if body.stream:
-        first = await await_or_abort(request, stream, stream.next())
-        return SSEResponse(stream_events(shape, stream, first, body.include_usage()))
-    result = await await_or_abort(request, stream, stream.collect())
-    return JSONResponse(shape.final(result))
+    """Answer ``req`` as a chat or a text completion, streamed if ``body`` asks for it."""
+    shape = Shape(chat, req.rid, ctx.cfg.model)
+    include_usage = body.include_usage()
+
+    def events(stream: RequestStream, first: messages.TextItem) -> AsyncIterator[bytes]:
+        return stream_events(shape, stream, first, include_usage)
+
+    return await respond(request, ctx, req, body.stream, events, shape.final)
 
 
 @router.post("/v1/chat/completions")
 async def chat_completions(request: Request) -> Response:
-    ctx: ServerContext = request.app.state.ctx
-    ctx.authorize(request)
-    ctx.check_healthy()
-    body = parse_body(await request.body(), ChatCompletionRequest)
+    ctx, body = await admit(request, ChatCompletionRequest)
     ctx.check_model(body.model)
     chat = chat_messages(body)
     max_tokens = body.max_completion_tokens
     if max_tokens is None:
         max_tokens = body.max_tokens
-    explicit = max_tokens is not None
     limit = ctx.cfg.max_model_len
-    params = sampling_params(body, limit if max_tokens is None else max_tokens, limit)
-    rid = new_rid()
     req = messages.GenerateRequest(
-        rid=rid,
-        sampling=params,
-        received=time.time(),
+        sampling=sampling_params(body, limit if max_tokens is None else max_tokens, limit),
         messages=chat,
         priority=body.priority,
-        max_tokens_explicit=explicit,
+        max_tokens_explicit=max_tokens is not None,
     )
-    return await respond(request, ctx, body, Shape(True, rid, ctx.cfg.model), req)
+    return await answer(request, ctx, body, True, req)
 
 
 @router.post("/v1/completions")
 async def completions(request: Request) -> Response:
-    ctx: ServerContext = request.app.state.ctx
-    ctx.authorize(request)
-    ctx.check_healthy()
-    body = parse_body(await request.body(), CompletionRequest)
+    ctx, body = await admit(request, CompletionRequest)
     ctx.check_model(body.model)
     if body.echo:
         raise APIError("echo is not supported", param="echo")
     text, ids = completion_prompt(body)
     max_tokens = body.max_tokens if body.max_tokens is not None else DEFAULT_COMPLETION_TOKENS
-    params = sampling_params(body, max_tokens, ctx.cfg.max_model_len)
-    rid = new_rid()
     req = messages.GenerateRequest(
-        rid=rid,
-        sampling=params,
-        received=time.time(),
+        sampling=sampling_params(body, max_tokens, ctx.cfg.max_model_len),
         text=text,
         input_ids=ids,
         priority=body.priority,
         max_tokens_explicit=body.max_tokens is not None,
     )
-    return await respond(request, ctx, body, Shape(False, rid, ctx.cfg.model), req)
+    return await answer(request, ctx, body, False, req)
 
 
 @router.get("/v1/models")

@@ -40,9 +40,9 @@ def prompt_ids(tokenizer: Any, req: GenerateRequest, vocab_size: int) -> list[in
     """Token ids of the request's prompt (chat messages, text or ids as given)."""
     if req.messages is not None:
         text = chat_prompt(tokenizer, req.messages)
-        ids = list(tokenizer.encode(text, add_special_tokens=False))
+        ids = list(tokenizer.encode(text, add_special_tokens=False))  # the template has them
     elif req.text is not None:
-        ids = list(tokenizer.encode(req.text, add_special_tokens=False))
+        ids = list(tokenizer.encode(req.text))  # with BOS where the model wants one
     elif req.input_ids is not None:
         ids = list(req.input_ids)
         bad = [i for i in ids if not 0 <= i < vocab_size]

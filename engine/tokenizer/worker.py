@@ -12,10 +12,9 @@ import time
 from pathlib import Path
 
 import msgspec
-import zmq
 
 from engine import messages
-from engine.launch.child import recv_message, report_ready
+from engine.launch.child import open_sockets, recv_message, report_ready
 from engine.launch.config import ServeConfig
 from engine.tokenizer.prompt import PromptError, fit_max_tokens, load_tokenizer, prompt_ids
 
@@ -30,13 +29,9 @@ def model_vocab_size(model_path: str, tokenizer_len: int) -> int:
 def run_tokenizer(cfg: ServeConfig, index: int) -> None:
     tokenizer = load_tokenizer(cfg.model_path)
     vocab_size = model_vocab_size(cfg.model_path, len(tokenizer))
-    ctx = zmq.Context()
-    inbox = ctx.socket(zmq.PULL)
-    inbox.bind(cfg.tokenizer_addr(index))
-    to_scheduler = ctx.socket(zmq.PUSH)
-    to_scheduler.connect(cfg.scheduler_addr)
-    to_frontend = ctx.socket(zmq.PUSH)
-    to_frontend.connect(cfg.frontend_addr)
+    ctx, inbox, (to_scheduler, to_frontend) = open_sockets(
+        cfg.tokenizer_addr(index), cfg.scheduler_addr, cfg.frontend_addr
+    )
     report_ready(cfg, ctx, "tokenizer", index)
     log.info("ready: %s", cfg.model_path)
     while True:
@@ -50,9 +45,7 @@ def run_tokenizer(cfg: ServeConfig, index: int) -> None:
                 out = tokenize(tokenizer, msg, vocab_size, cfg.max_model_len)
             except PromptError as exc:
                 log.info("rid %s rejected: %s", msg.rid, exc)
-                item = messages.TextItem(
-                    rid=msg.rid, text="", token_ids=[], token_times=[], error=str(exc)
-                )
+                item = messages.TextItem(rid=msg.rid, text="", error=str(exc))
                 to_frontend.send(messages.encode(messages.TextBatch(items=[item])))
                 continue
             log.debug("rid %s tokenized: %d tokens", msg.rid, len(out.input_ids))
