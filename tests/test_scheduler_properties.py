@@ -258,7 +258,9 @@ def _state(s: Scheduler) -> object:
         rid: (r.status, tuple(r.pages), r.num_computed, tuple(r.output), r.num_shared_pages)
         for rid, r in s.requests.items()
     }
-    cache = sorted(s.cache.all_pages()) if s.cache else []
+    cache = (
+        sorted((tuple(n.pages), n.ref, n.last_access) for n in s.cache.nodes()) if s.cache else []
+    )
     return (reqs, s.allocator.free_pages(), cache, s.step, s.stats())
 
 

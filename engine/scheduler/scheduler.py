@@ -218,30 +218,36 @@ class Scheduler:
         ps = self.page_size
         return self.cache.match_length(req.page_keys((req.fill_len - 1) // ps, ps))
 
+    def _fill_need(self, req: Request) -> tuple[int, int]:
+        """(new pages ``req``'s fill needs, pages it may take: free + evictable outside its match).
+
+        Read-only. The match leaves at least one token to compute, so the last
+        chunk yields logits.
+        """
+        ps = self.page_size
+        total = _pages_for(req.fill_len, ps)
+        if self.cache is None:
+            return total, self.allocator.num_free
+        matched, locked = self.cache.probe(req.page_keys((req.fill_len - 1) // ps, ps))
+        return total - matched, self.allocator.num_free + self.cache.evictable_pages - locked
+
     def _allocate_fill(self, req: Request) -> bool:
         """Give ``req`` its cached prefix plus fresh pages for the rest of its fill."""
-        ps = self.page_size
-        fill = req.fill_len
-        total = _pages_for(fill, ps)
-        shared: list[int] = []
-        node = None
-        if self.cache is not None:
-            # leave at least one token to compute, so the last chunk yields logits
-            keys = req.page_keys((fill - 1) // ps, ps)
-            shared, node = self.cache.match(keys, self.step)
-            self.cache.lock(node)
-        need = total - len(shared)
-        if need > self.allocator.num_free + (self.cache.evictable_pages if self.cache else 0):
-            if self.cache is not None and node is not None:
-                self.cache.unlock(node)
+        need, available = self._fill_need(req)
+        if need > available:
             return False
+        ps = self.page_size
+        shared: list[int] = []
+        if self.cache is not None:
+            shared, node = self.cache.match(req.page_keys((req.fill_len - 1) // ps, ps), self.step)
+            self.cache.lock(node)
+            req.cache_node = node
         self._make_room(need)
         req.pages = shared + self.allocator.alloc(need)
         req.num_shared_pages = len(shared)
-        req.cache_node = node
         req.num_computed = req.num_cached = len(shared) * ps
         req.status = RequestStatus.PREFILLING
-        self.prompt_tokens += fill
+        self.prompt_tokens += req.fill_len
         self.cached_tokens += req.num_cached
         return True
 
@@ -425,15 +431,8 @@ class Scheduler:
 
     def _head_exceeds_memory(self) -> bool:
         """Whether the request that admission would try first lacks KV pages right now."""
-        ps = self.page_size
-        head = self._candidates()[0]
-        available = self.allocator.num_free
-        matched = 0
-        if self.cache is not None:
-            keys = head.page_keys((head.fill_len - 1) // ps, ps)
-            matched, locked = self.cache.probe(keys)
-            available += self.cache.evictable_pages - locked
-        return _pages_for(head.fill_len, ps) - matched > available
+        need, available = self._fill_need(self._candidates()[0])
+        return need > available
 
     def _pages_needed(self, k: int) -> int:
         ps = self.page_size
