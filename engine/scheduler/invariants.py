@@ -63,6 +63,11 @@ def check_invariants(s: Scheduler) -> None:
         _check(len(req.pages) * ps >= req.num_computed, f"{rid} has too few pages")
         if req.status is RequestStatus.PREFILLING:
             _check(len(req.pages) * ps >= req.fill_len, f"{rid} prefilling without its pages")
+        table = req._table
+        _check(
+            len(table) != len(req.pages) or table == tuple(req.pages),
+            f"{rid} has a stale page table",
+        )
         for p in req.pages[: req.num_shared_pages]:
             _check(p in tree_pages, f"{rid} shares page {p} that the cache does not hold")
         for p in req.pages[req.num_shared_pages :]:

@@ -206,7 +206,13 @@ class RadixCache:
 
 def _common_prefix(edge: list[PageKey], keys: Sequence[PageKey], start: int) -> int:
     limit = min(len(edge), len(keys) - start)
-    i = 0
-    while i < limit and edge[i] == keys[start + i]:
-        i += 1
-    return i
+    if edge[:limit] == list(keys[start : start + limit]):
+        return limit  # the common case, compared at C speed
+    lo, hi = 0, limit - 1  # the first mismatch lies in [lo, hi]; halve on slice equality
+    while lo < hi:
+        mid = (lo + hi) // 2
+        if edge[lo : mid + 1] == list(keys[start + lo : start + mid + 1]):
+            lo = mid + 1
+        else:
+            hi = mid
+    return lo

@@ -69,6 +69,7 @@ class Request:
     num_preemptions: int = 0
     cache_node: RadixNode | None = None  # the locked radix node of the shared prefix
     _prompt_keys: list[PageKey] | None = field(default=None, repr=False)
+    _table: tuple[int, ...] = field(default=(), repr=False)
     _keys_page_size: int = field(default=0, repr=False)
 
     @property
@@ -95,12 +96,22 @@ class Request:
     def is_done(self) -> bool:
         return self.status in (RequestStatus.FINISHED, RequestStatus.ABORTED)
 
+    def page_table(self) -> tuple[int, ...]:
+        """``pages`` as a tuple for plans, rebuilt only when pages were added or replaced.
+
+        Whoever replaces pages without changing their number resets ``_table``.
+        """
+        if len(self._table) != len(self.pages):
+            self._table = tuple(self.pages)
+        return self._table
+
     def page_keys(self, num_pages: int, page_size: int) -> list[PageKey]:
         """Keys of the first ``num_pages`` full pages of the fill, as far as they are known.
 
         Token mode: a page's key is the tuple of its token ids (prompt, then
-        output). Hash mode: ``(block_hash, page index within the block)``; only
-        prompt pages have keys there. The prompt's keys are computed once.
+        output). Hash mode: ``block_hash * pages_per_block + page index in the
+        block``; only prompt pages have keys there. The prompt's keys are
+        computed once.
         """
         keys = self._prompt_keys
         if keys is None or self._keys_page_size != page_size:
@@ -124,4 +135,7 @@ class Request:
             return []
         per_block = self.block_size // page_size
         n = min(self.prompt_len // page_size, len(self.block_hashes) * per_block)
-        return [(self.block_hashes[i // per_block], i % per_block) for i in range(n)]
+        blocks = self.block_hashes[: -(-n // per_block)]
+        # page i of block h gets the integer key h * per_block + i: unique, cheap to compare
+        keys: list[PageKey] = [h * per_block + i for h in blocks for i in range(per_block)]
+        return keys[:n]

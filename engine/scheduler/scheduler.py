@@ -164,7 +164,7 @@ class Scheduler:
         blocked = self._admit(budget, chunks)
 
         decode = tuple(
-            DecodeSlot(r.rid, r.num_computed, tuple(r.pages))
+            DecodeSlot(r.rid, r.num_computed, r.page_table())
             for r in self.running.values()
             if r.status is RequestStatus.DECODING
         )
@@ -244,6 +244,7 @@ class Scheduler:
             req.cache_node = node
         self._make_room(need)
         req.pages = shared + self.allocator.alloc(need)
+        req._table = ()
         req.num_shared_pages = len(shared)
         req.num_computed = req.num_cached = len(shared) * ps
         req.status = RequestStatus.PREFILLING
@@ -254,7 +255,7 @@ class Scheduler:
     def _chunk(self, req: Request, budget: int, chunks: list[PrefillChunk]) -> int:
         length = min(req.fill_len - req.num_computed, budget)
         samples = req.num_computed + length == req.fill_len
-        chunks.append(PrefillChunk(req.rid, req.num_computed, length, samples, tuple(req.pages)))
+        chunks.append(PrefillChunk(req.rid, req.num_computed, length, samples, req.page_table()))
         return length
 
     def _reserve(self, need: int, requester: Request, preempted: list[str]) -> bool:
@@ -345,6 +346,7 @@ class Scheduler:
             cache.unlock(req.cache_node)
         self.allocator.free(rejected)
         req.pages[:n] = pages
+        req._table = ()
         req.num_shared_pages = n
         req.cache_node = node
 
@@ -382,6 +384,7 @@ class Scheduler:
             if req.cache_node is not None:
                 self.cache.unlock(req.cache_node)
         req.pages = []
+        req._table = ()
         req.cache_node = None
         req.num_shared_pages = 0
         req.num_computed = 0
