@@ -36,14 +36,22 @@ class ServeConfig(msgspec.Struct, kw_only=True):
     """Everything the children need, written as JSON into the run directory.
 
     ``model`` is the name clients use; ``model_path`` is the HF folder it
-    resolved to. ``max_model_len`` bounds prompt plus output tokens.
+    resolved to, or a preset name (dummy weights). ``tokenizer_path`` is the HF
+    folder of the tokenizer, chat template and ``eos_token_ids``; ``vocab_size``
+    the model's vocabulary, of which sampling draws only the first
+    ``vocab_limit`` ids (None: all). ``max_model_len`` bounds prompt plus output
+    tokens.
     """
 
     model: str
     model_path: str
+    tokenizer_path: str
+    vocab_size: int
     run_dir: str
     parent_pid: int
     max_model_len: int
+    eos_token_ids: list[int] = msgspec.field(default_factory=list)
+    vocab_limit: int | None = None
     device: str = "cpu"
     dtype: str = "auto"
     tp_size: int = 1

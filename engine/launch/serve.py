@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import json
 import logging
 import os
 import signal
@@ -21,7 +20,8 @@ import zmq
 from engine.launch.config import ServeConfig, config_from
 from engine.launch.launcher import ChildDied, Launcher
 from engine.launch.rundir import make_run_dir, remove_run_dir
-from engine.models.setup import ModelNotFoundError, ensure_model
+from engine.launch.model_source import ModelSource, resolve_source
+from engine.models.setup import ModelNotFoundError
 
 log = logging.getLogger("engine.serve")
 LOG_LEVELS = ("debug", "info", "warning", "error")
@@ -36,7 +36,15 @@ def positive_int(text: str) -> int:
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="engine serve", description="Serve a model over HTTP.")
-    p.add_argument("--model", required=True, help="known model name or HF folder")
+    p.add_argument(
+        "--model", required=True, help="known model name, HF folder, or (dummy weights) a preset"
+    )
+    p.add_argument(
+        "--tokenizer",
+        default=None,
+        help="tokenizer: known model name or HF folder (default: the model's own; "
+        "smollm2-135m for a preset)",
+    )
     p.add_argument("--device", default="cpu", choices=("cpu", "cuda"))
     p.add_argument("--tp", type=positive_int, default=1, help="tensor-parallel degree")
     p.add_argument("--num-tokenizers", type=positive_int, default=1)
@@ -69,14 +77,6 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-def model_context_len(model_path: Path) -> int:
-    config = json.loads((model_path / "config.json").read_text())
-    for key in ("max_position_embeddings", "n_positions", "max_sequence_length"):
-        if isinstance(config.get(key), int):
-            return int(config[key])
-    raise ValueError(f"{model_path}/config.json names no context length")
-
-
 def free_tcp_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind(("127.0.0.1", 0))
@@ -93,14 +93,18 @@ def bind_listener(host: str, port: int) -> socket.socket:
 
 
 def make_config(
-    args: argparse.Namespace, model_path: Path, run_dir: Path, port: int
+    args: argparse.Namespace, source: ModelSource, run_dir: Path, port: int
 ) -> ServeConfig:
     """The config of this server: the options named like a config field, and the rest."""
-    context_len = model_context_len(model_path)
+    context_len = source.context_len
     return config_from(
         ServeConfig,
         args,
-        model_path=str(model_path),
+        model_path=source.model_path,
+        tokenizer_path=str(source.tokenizer_path),
+        vocab_size=source.vocab_size,
+        vocab_limit=source.vocab_limit,
+        eos_token_ids=list(source.eos_token_ids),
         run_dir=str(run_dir),
         parent_pid=os.getpid(),
         max_model_len=min(args.max_model_len or context_len, context_len),
@@ -136,8 +140,8 @@ def serve_main(argv: list[str] | None = None) -> int:
     if args.policy not in POLICIES:
         parser.exit(2, f"error: unknown policy {args.policy!r}; choose from {sorted(POLICIES)}\n")
     try:
-        model_path = ensure_model(args.model)
-    except ModelNotFoundError as exc:
+        source = resolve_source(args.model, args.tokenizer, args.dummy_weights)
+    except (ModelNotFoundError, ValueError) as exc:
         parser.exit(2, f"error: {exc}\n")
     try:
         listener = bind_listener(args.host, args.port)
@@ -148,7 +152,7 @@ def serve_main(argv: list[str] | None = None) -> int:
     for sig in SHUTDOWN_SIGNALS:
         signal.signal(sig, _on_signal)
     run_dir = make_run_dir()
-    cfg = make_config(args, model_path, run_dir, port)
+    cfg = make_config(args, source, run_dir, port)
     log.info("run dir %s", run_dir)
     launcher = Launcher(cfg)
     ctx = zmq.Context()

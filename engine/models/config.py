@@ -116,8 +116,6 @@ class ModelConfig:
                     scaling_src.get("original_max_position_embeddings", 8192)
                 ),
             )
-        eos = cfg.get("eos_token_id")
-        eos_ids = tuple(int(e) for e in (eos if isinstance(eos, list) else [eos]) if e is not None)
         attention_bias = bool(cfg.get("attention_bias", False))
         dtype = str(cfg.get("dtype") or cfg.get("torch_dtype") or "bfloat16")
         return ModelConfig(
@@ -138,7 +136,7 @@ class ModelConfig:
             mlp_bias=bool(cfg.get("mlp_bias", False)),
             qk_norm=model_type == "qwen3",
             max_position_embeddings=int(cfg.get("max_position_embeddings", 4096)),
-            eos_token_ids=eos_ids,
+            eos_token_ids=token_ids(cfg.get("eos_token_id")),
             bos_token_id=cfg.get("bos_token_id"),
             dtype=dtype,
         )
@@ -151,14 +149,22 @@ class ModelConfig:
         if not config_file.is_file():
             raise FileNotFoundError(f"no config.json in {folder}")
         config = ModelConfig.from_hf(json.loads(config_file.read_text()))
-        gen_file = folder / "generation_config.json"
-        if gen_file.is_file():
-            eos = json.loads(gen_file.read_text()).get("eos_token_id")
-            if eos is not None:
-                extra = eos if isinstance(eos, list) else [eos]
-                merged = tuple(dict.fromkeys([*config.eos_token_ids, *map(int, extra)]))
-                config = replace(config, eos_token_ids=merged)
-        return config
+        return replace(config, eos_token_ids=read_eos_token_ids(folder))
+
+
+def token_ids(value: Any) -> tuple[int, ...]:
+    """The ids of a config's ``eos_token_id``: one id, a list of ids, or None."""
+    return tuple(int(e) for e in (value if isinstance(value, list) else [value]) if e is not None)
+
+
+def read_eos_token_ids(folder: str | Path) -> tuple[int, ...]:
+    """The EOS ids of an HF folder: ``config.json``'s, then ``generation_config.json``'s."""
+    ids: list[int] = []
+    for name in ("config.json", "generation_config.json"):
+        file = Path(folder) / name
+        if file.is_file():
+            ids += token_ids(json.loads(file.read_text()).get("eos_token_id"))
+    return tuple(dict.fromkeys(ids))
 
 
 Shape = tuple[int, int, int, int, int, int, int, int]

@@ -23,6 +23,8 @@ class RunnerArgs:
     several ranks the smallest count wins. ``dist_init`` is the
     ``torch.distributed`` rendezvous (``tcp://127.0.0.1:PORT`` or ``file://...``),
     needed when ``tp_size > 1``. ``cpu_threads`` > 0 sets torch's intra-op threads.
+    ``vocab_limit`` restricts sampling to the first ids (those a borrowed tokenizer
+    can decode); the LM head still computes the whole vocabulary.
     """
 
     model: str
@@ -39,6 +41,7 @@ class RunnerArgs:
     cpu_kv_cache_gb: float = 1.0
     cpu_max_kv_tokens: int = 65536
     cpu_threads: int = 0
+    vocab_limit: int | None = None
 
     def torch_dtype(self) -> torch.dtype:
         if self.dtype == "auto":

@@ -96,7 +96,7 @@ class ModelRunner:
         )
         backend = get_backend(args.attention_backend)
         self.attention = backend(self.kv, shard.q_count, 1.0 / math.sqrt(self.config.head_dim))
-        self.sampler = Sampler(self.device, args.seed)
+        self.sampler = Sampler(self.device, args.seed, args.vocab_limit)
         log.info(
             "rank %d: %s on %s (%s), %d KV pages of %d tokens",
             tp_rank,

@@ -1,11 +1,13 @@
 """Batched next-token sampling: greedy, temperature, top-k and top-p, per-request seeds.
 
-Greedy rows take the argmax. The others are scaled by their temperature,
-filtered by top-k then top-p, and drawn by the exponential-race trick
-(``argmax(p / E)`` with ``E ~ Exp(1)``, equivalent to drawing from ``p``). A row
-with a seed draws its noise from a generator seeded by (seed, output index), so
-its token does not depend on what else is in the batch; rows without a seed
-share the sampler's own generator.
+Only the first ``vocab_limit`` ids are ever drawn (the other logits are cut
+off first), so a model whose vocabulary outgrows its tokenizer yields only ids
+the tokenizer can decode. Greedy rows take the argmax. The others are scaled
+by their temperature, filtered by top-k then top-p, and drawn by the
+exponential-race trick (``argmax(p / E)`` with ``E ~ Exp(1)``, equivalent to
+drawing from ``p``). A row with a seed draws its noise from a generator seeded
+by (seed, output index), so its token does not depend on what else is in the
+batch; rows without a seed share the sampler's own generator.
 """
 
 from __future__ import annotations
@@ -31,8 +33,13 @@ def seed_for(seed: int, output_index: int) -> int:
 
 
 class Sampler:
-    def __init__(self, device: torch.device | str = "cpu", seed: int = 0) -> None:
+    def __init__(
+        self, device: torch.device | str = "cpu", seed: int = 0, vocab_limit: int | None = None
+    ) -> None:
+        if vocab_limit is not None and vocab_limit < 1:
+            raise ValueError(f"vocab_limit must be >= 1, got {vocab_limit}")
         self.device = torch.device(device)
+        self.vocab_limit = vocab_limit
         self.generator = torch.Generator(device=self.device)
         self.generator.manual_seed(seed)
 
@@ -42,7 +49,7 @@ class Sampler:
         params: Sequence[SamplingParams],
         output_index: Sequence[int],
     ) -> list[int]:
-        """One token per row of ``logits`` ``[N, vocab]`` (float32)."""
+        """One token per row of ``logits`` ``[N, vocab]`` (float32), below ``vocab_limit``."""
         n = logits.shape[0]
         if len(params) != n or len(output_index) != n:
             raise ValueError(
@@ -51,6 +58,7 @@ class Sampler:
             )
         if n == 0:
             return []
+        logits = logits[:, : self.vocab_limit]
         tokens = logits.argmax(dim=-1)
         rows = [i for i, p in enumerate(params) if not p.is_greedy]
         if rows:
