@@ -98,11 +98,11 @@ class Server:
         return out
 
 
-def start_server(*args: str, cpu_threads: int = 1) -> Server:
-    """Start ``engine serve`` on a free port and wait for its URL line."""
+def start_server(*args: str, cpu_threads: int = 1, model: str = MODEL) -> Server:
+    """Start ``engine serve --model MODEL`` on a free port and wait for its URL line."""
     log = Path(tempfile.mkstemp(prefix="engine-serve-", suffix=".log")[1])
     cmd = [
-        sys.executable, "-m", "engine.cli", "serve", "--model", MODEL, "--port", "0",
+        sys.executable, "-m", "engine.cli", "serve", "--model", model, "--port", "0",
         "--host", "127.0.0.1", "--cpu-threads", str(cpu_threads), "--log-level", "info", *args,
     ]  # fmt: skip
     proc = subprocess.Popen(
@@ -147,8 +147,8 @@ def stop_server(server: Server, check: bool = True) -> None:
 
 
 @contextmanager
-def running_server(*args: str, cpu_threads: int = 1) -> Iterator[Server]:
-    server = start_server(*args, cpu_threads=cpu_threads)
+def running_server(*args: str, cpu_threads: int = 1, model: str = MODEL) -> Iterator[Server]:
+    server = start_server(*args, cpu_threads=cpu_threads, model=model)
     try:
         yield server
     finally:

@@ -57,7 +57,13 @@ def test_run_dir_is_private_and_removable() -> None:
     try:
         assert (path.stat().st_mode & 0o777) == 0o700
         cfg = ServeConfig(
-            model="m", model_path="/m", run_dir=str(path), parent_pid=os.getpid(), max_model_len=64
+            model="m",
+            model_path="/m",
+            tokenizer_path="/m",
+            vocab_size=512,
+            run_dir=str(path),
+            parent_pid=os.getpid(),
+            max_model_len=64,
         )
         assert ServeConfig.load(cfg.save()) == cfg
         assert cfg.tokenizer_addr(1) == f"ipc://{path}/tokenizer1.sock"

@@ -108,3 +108,24 @@ def test_sampled_token_is_in_the_allowed_set(
     if temperature >= 1e-5 and seed is not None:
         assert Sampler().sample(logits, [params], [index])[0] == token
     assert 0 <= seed_for(seed or 0, index) < 2**32
+
+
+@pytest.mark.parametrize(
+    "params",
+    [SamplingParams(temperature=0.0), SamplingParams(temperature=1.0, seed=7)],
+    ids=["greedy", "seeded"],
+)
+def test_vocab_limit_cuts_off_the_ids_beyond_it(params: SamplingParams) -> None:
+    limit = 20
+    logits = _logits(8, seed=4)
+    logits[:, limit:] += 100.0  # every id at or above the limit beats every id below it
+    assert (logits.argmax(-1) >= limit).all()
+    for index in range(10):
+        tokens = Sampler(seed=index, vocab_limit=limit).sample(logits, [params] * 8, [index] * 8)
+        assert all(0 <= t < limit for t in tokens), tokens
+    greedy = Sampler(vocab_limit=limit).sample(
+        logits, [SamplingParams(temperature=0.0)] * 8, [0] * 8
+    )
+    assert greedy == logits[:, :limit].argmax(-1).tolist()
+    with pytest.raises(ValueError, match="vocab_limit"):
+        Sampler(vocab_limit=0)

@@ -77,7 +77,7 @@ class Detokenizer:
 def run_detokenizer(cfg: ServeConfig) -> None:
     from engine.tokenizer.prompt import load_tokenizer
 
-    detok = Detokenizer(load_tokenizer(cfg.model_path))
+    detok = Detokenizer(load_tokenizer(cfg.tokenizer_path))
     ctx, inbox, (to_frontend, to_scheduler) = open_sockets(
         cfg.detokenizer_addr, cfg.frontend_addr, cfg.scheduler_addr
     )

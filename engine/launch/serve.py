@@ -19,8 +19,8 @@ import zmq
 
 from engine.launch.config import ServeConfig, config_from
 from engine.launch.launcher import ChildDied, Launcher
-from engine.launch.rundir import make_run_dir, remove_run_dir
 from engine.launch.model_source import ModelSource, resolve_source
+from engine.launch.rundir import make_run_dir, remove_run_dir
 from engine.models.setup import ModelNotFoundError
 
 log = logging.getLogger("engine.serve")

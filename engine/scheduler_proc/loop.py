@@ -33,7 +33,7 @@ STATS_INTERVAL_S = 0.05
 
 
 def runner_args(cfg: ServeConfig) -> RunnerArgs:
-    """The runner's arguments: the config's fields of the same name, and the model's folder."""
+    """The runner's arguments: the config's fields of the same name, and the model's path."""
     return config_from(RunnerArgs, cfg, model=cfg.model_path, cpu_threads=cfg.cpu_threads or 0)
 
 
@@ -56,7 +56,7 @@ def serve_rank0(cfg: ServeConfig, leader: TPLeader) -> None:
     sched_cfg = config_from(
         SchedulerConfig, cfg, num_pages=runner.num_pages, page_size=runner.page_size
     )
-    engine = Engine(sched_cfg, leader.step, runner.eos_token_ids)
+    engine = Engine(sched_cfg, leader.step, cfg.eos_token_ids)
     ctx, inbox, (to_detok, to_frontend) = open_sockets(
         cfg.scheduler_addr, cfg.detokenizer_addr, cfg.frontend_addr
     )
@@ -67,7 +67,7 @@ def serve_rank0(cfg: ServeConfig, leader: TPLeader) -> None:
         0,
         num_pages=runner.num_pages,
         page_size=runner.page_size,
-        eos_token_ids=list(runner.eos_token_ids),
+        eos_token_ids=cfg.eos_token_ids,
     )
     log.info("ready: %d KV pages of %d tokens", runner.num_pages, runner.page_size)
     loop = SchedulerLoop(engine, inbox, to_detok, to_frontend)

@@ -1,15 +1,15 @@
 """A tokenizer worker process: requests in from the frontend, token ids out to the scheduler.
 
 Aborts from the frontend pass through the same worker as their request, so
-they reach the scheduler after it.
+they reach the scheduler after it. A dummy-weight model whose vocabulary is
+smaller than its borrowed tokenizer sees prompt ids folded into its vocabulary
+(id mod vocabulary size): its weights are random, only the shape of the work counts.
 """
 
 from __future__ import annotations
 
-import json
 import logging
 import time
-from pathlib import Path
 
 import msgspec
 
@@ -21,19 +21,13 @@ from engine.tokenizer.prompt import PromptError, fit_max_tokens, load_tokenizer,
 log = logging.getLogger(__name__)
 
 
-def model_vocab_size(model_path: str, tokenizer_len: int) -> int:
-    config = json.loads((Path(model_path) / "config.json").read_text())
-    return int(config.get("vocab_size") or tokenizer_len)
-
-
 def run_tokenizer(cfg: ServeConfig, index: int) -> None:
-    tokenizer = load_tokenizer(cfg.model_path)
-    vocab_size = model_vocab_size(cfg.model_path, len(tokenizer))
+    tokenizer = load_tokenizer(cfg.tokenizer_path)
     ctx, inbox, (to_scheduler, to_frontend) = open_sockets(
         cfg.tokenizer_addr(index), cfg.scheduler_addr, cfg.frontend_addr
     )
     report_ready(cfg, ctx, "tokenizer", index)
-    log.info("ready: %s", cfg.model_path)
+    log.info("ready: %s", cfg.tokenizer_path)
     while True:
         msg = recv_message(inbox)
         if msg is None:
@@ -42,7 +36,7 @@ def run_tokenizer(cfg: ServeConfig, index: int) -> None:
             to_scheduler.send(messages.encode(msg))
         elif isinstance(msg, messages.GenerateRequest):
             try:
-                out = tokenize(tokenizer, msg, vocab_size, cfg.max_model_len)
+                out = tokenize(tokenizer, msg, cfg)
             except PromptError as exc:
                 log.info("rid %s rejected: %s", msg.rid, exc)
                 item = messages.TextItem(rid=msg.rid, text="", error=str(exc))
@@ -55,11 +49,13 @@ def run_tokenizer(cfg: ServeConfig, index: int) -> None:
 
 
 def tokenize(
-    tokenizer: object, req: messages.GenerateRequest, vocab_size: int, max_model_len: int
+    tokenizer: object, req: messages.GenerateRequest, cfg: ServeConfig
 ) -> messages.TokenizedRequest:
     """The scheduler's view of ``req``; raises ``PromptError`` for prompts it cannot serve."""
-    ids = prompt_ids(tokenizer, req, vocab_size)
-    max_new = fit_max_tokens(req, len(ids), max_model_len)
+    ids = prompt_ids(tokenizer, req, cfg.vocab_size)
+    if cfg.dummy_weights:
+        ids = [i % cfg.vocab_size for i in ids]
+    max_new = fit_max_tokens(req, len(ids), cfg.max_model_len)
     sampling = msgspec.structs.replace(req.sampling, max_new_tokens=max_new)
     return messages.TokenizedRequest(
         rid=req.rid,
