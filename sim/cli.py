@@ -64,6 +64,17 @@ def _gen_args(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p.add_argument("--out", type=Path, required=True)
 
 
+def _goodput_line(goodput: dict[str, Any]) -> str:
+    slos = [
+        f"{name} <= {goodput[key]:g} ms"
+        for name, key in (("ttft", "slo_ttft_ms"), ("tpot", "slo_tpot_ms"))
+        if goodput.get(key) is not None
+    ]
+    if not slos:
+        return "goodput      - (no SLO given: --slo-ttft-ms, --slo-tpot-ms)"
+    return f"goodput      {goodput['value']:.2f} req/s ({', '.join(slos)})"
+
+
 def _fmt(v: Any) -> str:
     if v is None:
         return "-"
@@ -84,9 +95,7 @@ def format_summary(summary: dict[str, Any]) -> str:
         f"throughput   {summary['request_throughput']:.2f} req/s, "
         f"{summary['output_throughput']:.0f} output tok/s, "
         f"{summary['input_throughput']:.0f} input tok/s",
-        f"goodput      {summary['goodput']['value']:.2f} req/s "
-        f"(ttft <= {_fmt(summary['goodput']['slo_ttft_ms'])} ms, "
-        f"tpot <= {_fmt(summary['goodput']['slo_tpot_ms'])} ms)",
+        _goodput_line(summary["goodput"]),
         f"prefix hits  {summary['prefix_hit_rate']:.1%}",
         "",
         f"{'metric':<10}{'mean':>12}{'p50':>12}{'p90':>12}{'p99':>12}",
