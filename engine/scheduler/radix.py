@@ -1,7 +1,7 @@
 """Radix prefix cache over page keys, holding KV pages by integer id.
 
 Every edge of the tree is a run of *page keys* (one key per full page of
-tokens: a tuple of token ids, or a ``(block_hash, index)`` pair) with the page
+tokens: a tuple of token ids, or ``block_hash * pages_per_block + index``) with the page
 id that holds each key's KV. Matching and insertion work on whole pages.
 
 Invariants (checked by ``engine.scheduler.invariants``):
