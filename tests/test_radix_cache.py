@@ -112,3 +112,28 @@ def test_allocator_rejects_overdraw() -> None:
         alloc.alloc(1)
     with pytest.raises(ValueError):
         PageAllocator(0, page_size=4)
+
+
+def test_evictable_leaves_follow_inserts_locks_and_evictions() -> None:
+    alloc, cache = make()
+
+    def leaves() -> set[tuple[str, ...]]:
+        expected = {n for n in cache.nodes() if not n.children and n.ref == 0}
+        assert cache.evictable_leaves == expected
+        return {tuple(n.keys) for n in expected}
+
+    insert(cache, alloc, ["a", "b"], tick=1)
+    assert leaves() == {("a", "b")}
+    insert(cache, alloc, ["a", "b", "c"], tick=2)  # extends the unlocked leaf
+    assert leaves() == {("c",)}
+    insert(cache, alloc, ["a", "x"], tick=3)  # splits "a b" and adds a sibling branch
+    assert leaves() == {("c",), ("x",)}
+    _, node = cache.match(["a", "b", "c"], tick=4)
+    cache.lock(node)
+    assert leaves() == {("x",)}
+    cache.unlock(node)
+    assert leaves() == {("c",), ("x",)}
+    cache.evict(1)  # "x" is older than "c", which the match touched
+    assert leaves() == {("c",)}
+    cache.evict(1)  # then "c", and its parent "b" becomes a leaf
+    assert leaves() == {("b",)}

@@ -50,6 +50,8 @@ def check_invariants(s: Scheduler) -> None:
                 claim(p, "cache")
                 tree_pages.add(p)
         _check(cached == s.cache.cached_pages, "cached page counter is off")
+        leaves = {n for n in s.cache.nodes() if not n.children and n.ref == 0}
+        _check(leaves == s.cache.evictable_leaves, "the evictable leaf set is off")
         _check(evictable == s.cache.evictable_pages, "evictable page counter is off")
 
     locks: Counter[int] = Counter()

@@ -9,6 +9,7 @@ Invariants (checked by ``engine.scheduler.invariants``):
     node.ref        = number of live requests whose locked prefix passes through node
     evictable_pages = sum of len(node.pages) over nodes with ref == 0 (root excluded)
     cached_pages    = sum of len(node.pages) over all nodes
+    evictable_leaves = the nodes without children with ref == 0
     only leaves with ref == 0 are evicted, least recently used first
 """
 
@@ -56,6 +57,7 @@ class RadixCache:
         self.root.ref = 1  # the root is never evicted
         self.cached_pages = 0
         self.evictable_pages = 0
+        self.evictable_leaves: set[RadixNode] = set()  # leaves with ref == 0: eviction candidates
 
     # ------------------------------------------------------------------ lookup
     def match(self, keys: Sequence[PageKey], tick: int) -> tuple[list[int], RadixNode]:
@@ -115,6 +117,7 @@ class RadixCache:
         while node is not self.root:
             if node.ref == 0:
                 self.evictable_pages -= len(node.pages)
+                self.evictable_leaves.discard(node)
             node.ref += 1
             assert node.parent is not None
             node = node.parent
@@ -124,6 +127,8 @@ class RadixCache:
             node.ref -= 1
             if node.ref == 0:
                 self.evictable_pages += len(node.pages)
+                if not node.children:
+                    self.evictable_leaves.add(node)
             assert node.parent is not None
             node = node.parent
 
@@ -137,12 +142,16 @@ class RadixCache:
         """
         assert len(keys) == len(pages)
         cached, node = self.match(keys, tick)
-        rejected = [theirs for own, theirs in zip(cached, pages, strict=False) if own != theirs]
         n = len(cached)
+        rejected: list[int] = []
+        if cached != list(pages[:n]):
+            rejected = [theirs for own, theirs in zip(cached, pages, strict=False) if own != theirs]
         if n < len(keys):
             new = RadixNode(list(keys[n:]), list(pages[n:]), node, self._next_id, tick)
             self._next_id += 1
             node.children[keys[n]] = new
+            self.evictable_leaves.discard(node)
+            self.evictable_leaves.add(new)
             self.cached_pages += len(new.pages)
             self.evictable_pages += len(new.pages)
         return rejected
@@ -156,7 +165,7 @@ class RadixCache:
         """
         if num_pages <= 0 or self.evictable_pages == 0:
             return 0
-        heap = [(n.last_access, n.id, n) for n in self._leaves() if n.ref == 0]
+        heap = [(n.last_access, n.id, n) for n in self.evictable_leaves]
         heapq.heapify(heap)
         freed = 0
         while freed < num_pages and heap:
@@ -164,11 +173,13 @@ class RadixCache:
             parent = leaf.parent
             assert parent is not None
             del parent.children[leaf.keys[0]]
+            self.evictable_leaves.remove(leaf)
             self.allocator.free(leaf.pages)
             freed += len(leaf.pages)
             self.cached_pages -= len(leaf.pages)
             self.evictable_pages -= len(leaf.pages)
             if parent is not self.root and not parent.children and parent.ref == 0:
+                self.evictable_leaves.add(parent)
                 heapq.heappush(heap, (parent.last_access, parent.id, parent))
         return freed
 
@@ -196,9 +207,6 @@ class RadixCache:
             node = stack.pop()
             yield node
             stack.extend(node.children.values())
-
-    def _leaves(self) -> Iterator[RadixNode]:
-        return (n for n in self.nodes() if not n.children)
 
     def all_pages(self) -> list[int]:
         return [p for n in self.nodes() for p in n.pages]
