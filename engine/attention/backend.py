@@ -49,10 +49,21 @@ def register_backend(cls: type[AttentionBackend]) -> type[AttentionBackend]:
     return cls
 
 
-def get_backend(name: str) -> type[AttentionBackend]:
+def get_backend(name: str, device_type: str = "cpu") -> type[AttentionBackend]:
+    """The backend class called ``name``; ``auto`` picks by device (see ``resolve_name``)."""
+    name = resolve_name(name, device_type)
     try:
         return ATTENTION_BACKENDS[name]
     except KeyError:
         raise ValueError(
             f"unknown attention backend {name!r}; available: {sorted(ATTENTION_BACKENDS)}"
         ) from None
+
+
+def resolve_name(name: str, device_type: str) -> str:
+    """``auto`` is ``flashinfer`` on CUDA when it is registered (installed), else ``torch``."""
+    if name != "auto":
+        return name
+    if device_type == "cuda" and "flashinfer" in ATTENTION_BACKENDS:
+        return "flashinfer"
+    return "torch"

@@ -64,6 +64,15 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--page-size", type=positive_int, default=16)
     p.add_argument("--no-prefix-cache", action="store_true")
     p.add_argument(
+        "--attention-backend",
+        default="auto",
+        choices=("auto", "torch", "flashinfer"),
+        help="auto: flashinfer on CUDA when installed, torch otherwise",
+    )
+    p.add_argument(
+        "--no-cuda-graph", action="store_true", help="run decode eagerly (CUDA; for debugging)"
+    )
+    p.add_argument(
         "--dtype",
         default="auto",
         choices=("auto", "float32", "bfloat16", "float16"),
@@ -111,6 +120,7 @@ def make_config(
         tp_size=args.tp,
         port=port,
         prefix_cache=not args.no_prefix_cache,
+        cuda_graph=not args.no_cuda_graph,
         dist_init=f"tcp://127.0.0.1:{free_tcp_port()}" if args.tp > 1 else "",
     )
 

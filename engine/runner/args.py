@@ -25,6 +25,9 @@ class RunnerArgs:
     needed when ``tp_size > 1``. ``cpu_threads`` > 0 sets torch's intra-op threads.
     ``vocab_limit`` restricts sampling to the first ids (those a borrowed tokenizer
     can decode); the LM head still computes the whole vocabulary.
+    ``attention_backend`` ``auto`` is FlashInfer on CUDA (torch when FlashInfer is
+    not installed) and torch on CPU. ``cuda_graph`` captures decode steps as CUDA
+    graphs at start-up (ignored on CPU).
     """
 
     model: str
@@ -33,7 +36,8 @@ class RunnerArgs:
     tp_size: int = 1
     num_pages: int | None = None
     page_size: int = 16
-    attention_backend: str = "torch"
+    attention_backend: str = "auto"
+    cuda_graph: bool = True
     dummy_weights: bool = False
     seed: int = 0
     dist_init: str = ""

@@ -94,7 +94,7 @@ class ModelRunner:
             self.dtype,
             self.device,
         )
-        backend = get_backend(args.attention_backend)
+        backend = get_backend(args.attention_backend, self.device.type)
         self.attention = backend(self.kv, shard.q_count, 1.0 / math.sqrt(self.config.head_dim))
         self.sampler = Sampler(self.device, args.seed, args.vocab_limit)
         log.info(
