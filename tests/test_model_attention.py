@@ -2,8 +2,10 @@
 
 Each request has a sequence of random K/V; a prefix of it is already in the
 pool (written at earlier steps, pages scattered at random), and the step adds
-either a prefill chunk or one decode token. Every output row must equal plain
-causal attention over the request's whole sequence up to that row's position.
+either a prefill chunk or one decode token. The step goes the runner's way:
+``StepLayout`` -> request table -> one upload -> metadata gathered from the
+table. Every output row must equal plain causal attention over the request's
+whole sequence up to that row's position.
 """
 
 from __future__ import annotations
@@ -15,8 +17,17 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from engine.attention import ForwardBatch, get_backend
+import numpy as np
+
+from engine.attention import get_backend
 from engine.kvcache import KVPool
+from engine.runner.device_step import DeviceStep
+from engine.runner.inputs import StepInputs
+from engine.runner.layout import StepLayout
+from engine.runner.staging import Staging
+from engine.runner.table import RequestTable
+from engine.sampling import SamplingParams
+from engine.sampling.sampler import SamplingArrays
 from engine.scheduler import DecodeSlot, Plan, PrefillChunk
 
 torch.set_num_threads(1)
@@ -70,15 +81,22 @@ def test_paged_attention_equals_dense(requests: list[tuple[int, int, bool]], see
             prefill.append(PrefillChunk(f"r{i}", start, length - start, True, pages))
     plan = Plan(0, 0.0, prefill=tuple(prefill), decode=tuple(decode))
     order = [s for s in seqs if not s.decode] + [s for s in seqs if s.decode]
-    batch = ForwardBatch.build(
-        plan,
+    n_sample = len(plan.sampling_rids())
+    inputs = StepInputs(
         [[0] * (len(s.q) - s.start) for s in order if not s.decode],
         [0] * len(decode),
-        PAGE,
-        NUM_PAGES,
-        torch.device("cpu"),
+        [SamplingParams()] * n_sample,
+        [0] * n_sample,
     )
-    backend.prepare(batch)
+    layout = StepLayout.build(plan, inputs, PAGE, 10)
+    # a table with rows already in use, so slots and page-table rows differ
+    table = RequestTable(8, 16, NUM_PAGES, torch.device("cpu"))
+    table.assign(["x", "y"], [(1, 2), (3,)])
+    slots, writes = table.assign(layout.rids, layout.pages)
+    sampling = SamplingArrays.build(inputs.sampling, inputs.output_index, 10)
+    source = np.full(layout.num_tokens, -1, dtype=np.int64)
+    step = DeviceStep.upload(layout, source, slots, writes, sampling, Staging(torch.device("cpu")))
+    backend.prepare(step.metadata(layout, table, pinned=False))
     out = backend.forward(
         0,
         torch.cat([s.q[s.start :] for s in order]),

@@ -85,7 +85,7 @@ def test_dummy_weights_follow_the_seed() -> None:
 def test_default_kv_pool_size_on_cpu() -> None:
     runner = ModelRunner(RunnerArgs(model="tiny-llama", dummy_weights=True))
     assert runner.num_pages == 65536 // 16
-    assert runner.kv.k[0].shape == (runner.num_pages, 16, 2, 16)
+    assert runner.kv.k[0].shape == (runner.num_pages + 1, 16, 2, 16)  # + the scratch page
 
 
 @pytest.mark.gpu

@@ -9,6 +9,7 @@ import torch
 
 from engine.models.setup import ModelNotFoundError, ensure_model, resolve_model, setup_main
 from engine.runner import ModelRunner, RunnerArgs, StepInputs
+from engine.runner.inputs import FROM_LAST_SAMPLE
 from engine.runner.tp import TPLeader
 from engine.sampling import SamplingParams
 from engine.scheduler import DecodeSlot, Plan, PrefillChunk
@@ -52,8 +53,18 @@ def runner() -> ModelRunner:
         ),
         (
             Plan(0, 0.0, decode=(DecodeSlot("b", 3, (1,)),)),
-            StepInputs([], [-1], [SP], [0]),
+            StepInputs([], [-2], [SP], [0]),
             r"token ids must be in \[0, 512\)",
+        ),
+        (
+            Plan(0, 0.0, decode=(DecodeSlot("b", 3, (1,)),)),
+            StepInputs([], [FROM_LAST_SAMPLE], [SP], [0]),
+            "request b: its input token comes from the previous step, which sampled none",
+        ),
+        (
+            Plan(0, 0.0, prefill=(PrefillChunk("a", 0, 2, True, (0,)),)),
+            StepInputs([[1, FROM_LAST_SAMPLE]], [], [SP], [0]),
+            r"token ids must be in \[0, 512\), got values in \[-1, 1\]",
         ),
     ],
 )

@@ -9,7 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from engine.sampling import SamplingParams
-from engine.sampling.sampler import Sampler, seed_for
+from engine.sampling.sampler import Sampler, exponential_from_hash
 
 torch.set_num_threads(1)
 VOCAB = 50
@@ -107,7 +107,6 @@ def test_sampled_token_is_in_the_allowed_set(
         assert order.index(token) < top_k
     if temperature >= 1e-5 and seed is not None:
         assert Sampler().sample(logits, [params], [index])[0] == token
-    assert 0 <= seed_for(seed or 0, index) < 2**32
 
 
 @pytest.mark.parametrize(
@@ -129,3 +128,17 @@ def test_vocab_limit_cuts_off_the_ids_beyond_it(params: SamplingParams) -> None:
     assert greedy == logits[:, :limit].argmax(-1).tolist()
     with pytest.raises(ValueError, match="vocab_limit"):
         Sampler(vocab_limit=0)
+
+
+def test_hashed_noise_is_exponential_and_keyed() -> None:
+    seeds = torch.tensor([0, 1, 2**40 + 3], dtype=torch.int64)
+    counters = torch.tensor([0, 0, 5], dtype=torch.int64)
+    noise = exponential_from_hash(seeds, counters, 20_000)
+    assert noise.shape == (3, 20_000) and bool((noise > 0).all())
+    for row in noise:
+        assert abs(float(row.mean()) - 1.0) < 0.03 and abs(float(row.std()) - 1.0) < 0.05
+    again = exponential_from_hash(seeds[1:2], counters[1:2], 20_000)
+    assert torch.equal(again[0], noise[1])
+    assert not torch.equal(noise[0], noise[1])
+    later = exponential_from_hash(seeds[:1], counters[:1] + 1, 20_000)
+    assert not torch.equal(later[0], noise[0])

@@ -1,25 +1,34 @@
 """The attention backend interface and its registry.
 
 A backend owns the way attention reads the paged KV pool. Per step the runner
-calls ``prepare(batch)`` once (build index tensors, or plan kernels such as
-FlashInfer's ``plan()``), then every layer calls ``forward(layer, q, k, v)``,
-which stores the new K/V at ``batch.slots`` and attends each row to its own
-sequence: causally within a prefill chunk, and to every earlier position
-already in the pool (prefix-cache hits, earlier chunks, decode context).
+calls ``prepare(meta)`` once (index tensors, or FlashInfer's ``plan()``), then
+every layer calls ``forward(layer, q, k, v)``, which stores the new K/V at
+``meta.out_slots`` and attends each row to its own sequence: causally within a
+prefill chunk, and to every earlier position already in the pool (prefix-cache
+hits, earlier chunks, decode context).
+
+Backends that can run inside a CUDA graph (``supports_graphs``) also implement
+the capture hooks: ``init_graphs`` allocates the fixed buffers once, and
+``prepare_graph(bs, meta, out_slots)`` points ``forward`` at the buffers of batch
+size ``bs`` and plans them for ``meta`` (padded to ``bs`` sequences), before a
+capture and before every replay. ``plan`` work stays outside the graph; only
+``forward`` is captured.
 """
 
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from typing import ClassVar
 
 import torch
 
-from engine.attention.batch import ForwardBatch
+from engine.attention.metadata import AttentionMetadata
 from engine.kvcache.pool import KVPool
 
 
 class AttentionBackend(ABC):
-    name: str = ""
+    name: ClassVar[str] = ""
+    supports_graphs: ClassVar[bool] = False
 
     def __init__(self, pool: KVPool, num_q_heads: int, scale: float) -> None:
         self.pool = pool
@@ -27,8 +36,8 @@ class AttentionBackend(ABC):
         self.scale = scale
 
     @abstractmethod
-    def prepare(self, batch: ForwardBatch) -> None:
-        """Build per-step metadata shared by all layers."""
+    def prepare(self, meta: AttentionMetadata) -> None:
+        """Build per-step state shared by all layers."""
 
     @abstractmethod
     def forward(
@@ -38,6 +47,12 @@ class AttentionBackend(ABC):
 
         ``q``, ``k``, ``v`` and the pool share one dtype.
         """
+
+    def init_graphs(self, batch_sizes: list[int], max_pages: int) -> None:
+        raise NotImplementedError(f"the {self.name} backend does not run in CUDA graphs")
+
+    def prepare_graph(self, bs: int, meta: AttentionMetadata, out_slots: torch.Tensor) -> None:
+        raise NotImplementedError(f"the {self.name} backend does not run in CUDA graphs")
 
 
 ATTENTION_BACKENDS: dict[str, type[AttentionBackend]] = {}

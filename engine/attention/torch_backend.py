@@ -1,10 +1,11 @@
 """Paged attention in plain PyTorch (CPU or GPU), built on ``scaled_dot_product_attention``.
 
-Prefill chunks run one request at a time: a chunk that starts at position 0
-attends to its own K/V with a causal mask; a later chunk (chunked prefill or a
-prefix-cache hit) gathers its whole context from the pool and masks key ``j``
-for query ``i`` unless ``j <= start + i``. All decode rows run as one padded
-batch: their contexts are gathered into ``[B, max_len]`` and padding is masked.
+The reference backend, and the CPU path. Prefill chunks run one sequence at a
+time: a chunk that starts at position 0 attends to its own K/V with a causal
+mask; a later chunk (chunked prefill or a prefix-cache hit) gathers its whole
+context from the pool and masks key ``j`` for query ``i`` unless
+``j <= start + i``. All decode rows run as one padded batch: their contexts are
+gathered into ``[B, max_len]`` and the padding is masked.
 """
 
 from __future__ import annotations
@@ -15,81 +16,94 @@ import torch
 import torch.nn.functional as F
 
 from engine.attention.backend import AttentionBackend, register_backend
-from engine.attention.batch import ForwardBatch, SeqSpan
+from engine.attention.metadata import AttentionMetadata
 
 
 @dataclass(frozen=True, slots=True)
-class _ChunkIndex:
-    span: SeqSpan
+class _Chunk:
+    rows: slice
     context_slots: torch.Tensor | None  # [context_len]; None when the chunk starts at 0
     mask: torch.Tensor | None  # [length, context_len] bool
 
 
 @dataclass(frozen=True, slots=True)
-class _DecodeIndex:
+class _Decode:
     first_row: int
     batch: int
     max_len: int
-    slots: torch.Tensor  # [B * max_len] flat slots, row-major, padded with slot 0
+    slots: torch.Tensor  # [B * max_len] flat slots, row-major, padded with a valid slot
     mask: torch.Tensor | None  # [B, 1, 1, max_len] bool; None when no padding
-
-
-def _context_slots(span: SeqSpan, page_size: int, device: torch.device) -> torch.Tensor:
-    pos = torch.arange(span.context_len, dtype=torch.int64)
-    table = torch.tensor(span.pages, dtype=torch.int64)
-    return (table[pos // page_size] * page_size + pos % page_size).to(device)
 
 
 @register_backend
 class TorchAttention(AttentionBackend):
     name = "torch"
 
-    def prepare(self, batch: ForwardBatch) -> None:
-        device = batch.input_ids.device
-        ps = batch.page_size
-        self.chunks: list[_ChunkIndex] = []
-        for span in batch.prefill:
-            if span.start == 0:
-                self.chunks.append(_ChunkIndex(span, None, None))
+    def prepare(self, meta: AttentionMetadata) -> None:
+        ps = meta.page_size
+        qo = meta.qo_indptr.tolist()
+        kv = meta.kv_indptr.tolist()
+        lens = meta.kv_lens.tolist()
+        device = meta.kv_indices.device
+        offsets = torch.arange(ps, device=device)
+        self.chunks: list[_Chunk] = []
+        for i in range(meta.num_prefill):
+            rows = slice(qo[i], qo[i + 1])
+            length, context = qo[i + 1] - qo[i], lens[i]
+            if length == context:
+                self.chunks.append(_Chunk(rows, None, None))
                 continue
-            q_pos = torch.arange(span.start, span.context_len, device=device)
-            k_pos = torch.arange(span.context_len, device=device)
-            causal = k_pos[None, :] <= q_pos[:, None]
-            self.chunks.append(_ChunkIndex(span, _context_slots(span, ps, device), causal))
-        self.decode: _DecodeIndex | None = None
-        if batch.decode:
-            lens = torch.tensor([s.context_len for s in batch.decode], dtype=torch.int64)
-            max_len = int(lens.max())
-            max_pages = -(-max_len // ps)
-            table = torch.zeros((len(batch.decode), max_pages), dtype=torch.int64)
-            for i, s in enumerate(batch.decode):
-                n = -(-s.context_len // ps)
-                table[i, :n] = torch.tensor(s.pages[:n], dtype=torch.int64)
-            pos = torch.arange(max_len, dtype=torch.int64)
-            slots = table[:, pos // ps] * ps + pos % ps
-            mask: torch.Tensor | None = None
-            if int(lens.min()) != max_len:
-                mask = (pos[None, :] < lens[:, None])[:, None, None, :].to(device)
-            self.decode = _DecodeIndex(
-                batch.decode[0].row, len(batch.decode), max_len, slots.view(-1).to(device), mask
-            )
-        self.slots = batch.slots
+            pages = meta.kv_indices[kv[i] : kv[i + 1]].long()
+            slots = (pages[:, None] * ps + offsets).reshape(-1)[:context]
+            q_pos = torch.arange(context - length, context, device=device)
+            causal = torch.arange(context, device=device)[None, :] <= q_pos[:, None]
+            self.chunks.append(_Chunk(rows, slots, causal))
+        self.decode: _Decode | None = None
+        n = meta.num_seqs
+        if n > meta.num_prefill:
+            self.decode = self._decode_index(meta, qo[meta.num_prefill], kv, lens, offsets)
+        self.out_slots = meta.out_slots
+
+    def _decode_index(
+        self,
+        meta: AttentionMetadata,
+        first_row: int,
+        kv: list[int],
+        lens: list[int],
+        offsets: torch.Tensor,
+    ) -> _Decode:
+        ps, first = meta.page_size, meta.num_prefill
+        dec_lens = torch.tensor(lens[first:], dtype=torch.int64)
+        max_len = int(dec_lens.max())
+        max_pages = -(-max_len // ps)
+        starts = torch.tensor(kv[first:-1], dtype=torch.int64)
+        counts = torch.tensor(
+            [kv[i + 1] - kv[i] for i in range(first, meta.num_seqs)], dtype=torch.int64
+        )
+        column = torch.minimum(torch.arange(max_pages)[None, :], counts[:, None] - 1)
+        index = (starts[:, None] + column).to(meta.kv_indices.device)
+        pages = meta.kv_indices[index].long()  # [B, max_pages]
+        slots = (pages[:, :, None] * ps + offsets).reshape(len(counts), -1)[:, :max_len]
+        mask = None
+        if int(dec_lens.min()) != max_len:
+            valid = torch.arange(max_len)[None, :] < dec_lens[:, None]
+            mask = valid[:, None, None, :].to(meta.kv_indices.device)
+        return _Decode(first_row, len(counts), max_len, slots.reshape(-1), mask)
 
     def forward(
         self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
     ) -> torch.Tensor:
-        self.pool.write(layer, self.slots, k, v)
+        self.pool.write(layer, self.out_slots, k, v)
         k_pool, v_pool = self.pool.flat(layer)
         parts: list[torch.Tensor] = []
         for chunk in self.chunks:
-            rows = slice(chunk.span.row, chunk.span.row + chunk.span.length)
             if chunk.context_slots is None:
-                ks, vs = k[rows], v[rows]
+                ks, vs = k[chunk.rows], v[chunk.rows]
             else:
                 ks = k_pool.index_select(0, chunk.context_slots)
                 vs = v_pool.index_select(0, chunk.context_slots)
             o = F.scaled_dot_product_attention(
-                q[rows].transpose(0, 1)[None],
+                q[chunk.rows].transpose(0, 1)[None],
                 ks.transpose(0, 1)[None],
                 vs.transpose(0, 1)[None],
                 attn_mask=chunk.mask,

@@ -9,7 +9,8 @@ A token at position ``p`` of a request with page table ``pages`` lives at page
 ``page * page_size + slot``, the row index into the ``[num_pages * page_size,
 kv_heads, head_dim]`` view. Page ids come from the scheduler; the pool never
 allocates, it only stores. It starts zeroed so that padded reads of unused
-slots stay finite.
+slots stay finite. One extra page past ``num_pages``, ``scratch_page``, is never
+handed out: padded rows of a CUDA-graph batch write and read there.
 """
 
 from __future__ import annotations
@@ -36,7 +37,10 @@ class KVPool:
         self.page_size = page_size
         self.num_kv_heads = num_kv_heads
         self.head_dim = head_dim
-        shape = (num_pages, page_size, num_kv_heads, head_dim)
+        self.dtype = dtype
+        self.device = device
+        self.scratch_page = num_pages
+        shape = (num_pages + 1, page_size, num_kv_heads, head_dim)
         self.k = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_layers)]
         self.v = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_layers)]
 

@@ -1,4 +1,4 @@
-"""Rotary position embedding (HF ``rotate_half`` layout), with Llama 3.1 frequency scaling."""
+"""Rotary position tables (HF ``rotate_half`` layout), with Llama 3.1 frequency scaling."""
 
 from __future__ import annotations
 
@@ -30,26 +30,14 @@ def inverse_frequencies(head_dim: int, theta: float, scaling: RopeScaling) -> to
     return torch.where(medium, smoothed, scaled)
 
 
-class Rotary:
-    """Computes ``cos``/``sin`` for a step's positions once; layers apply them to q and k."""
+def cos_sin_cache(
+    head_dim: int, theta: float, scaling: RopeScaling, max_positions: int, device: torch.device
+) -> torch.Tensor:
+    """``[max_positions, head_dim]`` float32: ``cos(p f_i)`` for the first half, ``sin`` after.
 
-    def __init__(
-        self, head_dim: int, theta: float, scaling: RopeScaling, device: torch.device
-    ) -> None:
-        self.inv_freq = inverse_frequencies(head_dim, theta, scaling).to(device)
-
-    def cos_sin(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, ...]:
-        """``(cos, sin)`` of shape ``[T, 1, head_dim]`` for positions ``[T]``."""
-        freqs = positions.to(torch.float32)[:, None] * self.inv_freq[None, :]
-        emb = torch.cat((freqs, freqs), dim=-1)
-        return emb.cos().to(dtype)[:, None, :], emb.sin().to(dtype)[:, None, :]
-
-
-def _rotate_half(x: torch.Tensor) -> torch.Tensor:
-    half = x.shape[-1] // 2
-    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
-
-
-def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """Rotate ``x`` of shape ``[T, heads, head_dim]``."""
-    return x * cos + _rotate_half(x) * sin
+    The layout FlashInfer's rotary kernel reads, and what ``TorchOps.rotary`` reads too.
+    """
+    inv_freq = inverse_frequencies(head_dim, theta, scaling)
+    positions = torch.arange(max_positions, dtype=torch.int64).to(torch.float32)
+    freqs = positions[:, None] * inv_freq[None, :]
+    return torch.cat((freqs.cos(), freqs.sin()), dim=-1).to(device)

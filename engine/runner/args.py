@@ -27,7 +27,8 @@ class RunnerArgs:
     can decode); the LM head still computes the whole vocabulary.
     ``attention_backend`` ``auto`` is FlashInfer on CUDA (torch when FlashInfer is
     not installed) and torch on CPU. ``cuda_graph`` captures decode steps as CUDA
-    graphs at start-up (ignored on CPU).
+    graphs at start-up (ignored on CPU), for batches up to ``max_running`` (at most 256);
+    ``max_running`` also sizes the table of per-request page tables.
     """
 
     model: str
@@ -38,6 +39,7 @@ class RunnerArgs:
     page_size: int = 16
     attention_backend: str = "auto"
     cuda_graph: bool = True
+    max_running: int = 256
     dummy_weights: bool = False
     seed: int = 0
     dist_init: str = ""
@@ -64,6 +66,8 @@ class RunnerArgs:
             raise ValueError(f"tp_size must be >= 1, got {self.tp_size}")
         if self.tp_size > 1 and not self.dist_init:
             raise ValueError("tp_size > 1 needs dist_init (tcp://HOST:PORT or file://PATH)")
+        if self.max_running < 1:
+            raise ValueError(f"max_running must be >= 1, got {self.max_running}")
         if self.page_size < 1:
             raise ValueError(f"page_size must be >= 1, got {self.page_size}")
         if self.num_pages is not None and self.num_pages < 1:

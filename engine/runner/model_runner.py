@@ -1,30 +1,53 @@
-"""Runs a scheduler ``Plan`` on the model: one forward pass, then sampling (on rank 0).
+"""Runs a scheduler ``Plan`` on the model: one forward pass, then sampling on the device.
 
-The runner owns the model shard, the paged KV pool and the attention backend of
-its rank. Page ids in the plan index the pool directly; the pool has
-``num_pages`` pages on every rank (the scheduler is configured with the same
-number).
+The runner owns the model shard, the paged KV pool, the attention backend, the
+request table (page tables on the device, see ``engine.runner.table``) and, on
+CUDA, the decode graphs of its rank. Page ids in the plan index the pool
+directly; the pool has ``num_pages`` pages on every rank (the scheduler is
+configured with the same number).
+
+A step, as ``launch`` runs it::
+
+    host:   lay out the plan (numpy) -> one pinned upload -> page-table writes
+    device: input ids (decode inputs may come from the previous step's samples)
+            -> KV indices and write slots gathered from the table
+            -> forward (a CUDA graph for decode, eager otherwise)
+            -> logits of the sampled rows -> sampling -> tokens copied to pinned memory
+
+Nothing in ``launch`` waits for the device, so the caller can prepare the next
+step while this one runs; ``StepHandle.tokens()`` waits. Every tensor-parallel
+rank runs the same steps, samples the same tokens (identical logits, identical
+generator), and so can feed them to the next step without rank 0.
 """
 
 from __future__ import annotations
 
 import logging
 import math
+from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
 import torch
 import torch.distributed as dist
 
-from engine.attention import ForwardBatch, get_backend
+from engine.attention import AttentionMetadata, get_backend, resolve_name
 from engine.distributed.parallel import TPInfo, head_partition
 from engine.kvcache.pool import KVPool
 from engine.models.config import PRESETS, ModelConfig, get_preset
 from engine.models.llama import LlamaForCausalLM
 from engine.models.loader import init_dummy, load_safetensors
+from engine.models.ops import get_ops
 from engine.models.setup import ModelNotFoundError, resolve_model
 from engine.runner.args import RunnerArgs
-from engine.runner.inputs import StepInputs
-from engine.sampling.sampler import Sampler
+from engine.runner.device_step import DeviceStep
+from engine.runner.graphs import DecodeGraphs
+from engine.runner.inputs import FROM_LAST_SAMPLE, StepInputs
+from engine.runner.layout import StepLayout
+from engine.runner.staging import Staging
+from engine.runner.step import StepHandle
+from engine.runner.table import RequestTable
+from engine.sampling.sampler import Sampler, SamplingArrays
 from engine.scheduler.plan import Plan
 
 log = logging.getLogger(__name__)
@@ -51,12 +74,21 @@ def device_for(args: RunnerArgs, tp_rank: int) -> torch.device:
     return torch.device("cuda", (device.index or 0) + tp_rank)
 
 
+@dataclass(frozen=True, slots=True)
+class _Forward:
+    """One step's work on the device, up to the logits."""
+
+    layout: StepLayout
+    logits: torch.Tensor  # float32 [S, vocab]
+    sampling: SamplingArrays
+
+
 class ModelRunner:
     """The model of one tensor-parallel rank.
 
     With ``tp_size > 1`` the default ``torch.distributed`` group must already be
-    initialized (``engine.runner.tp`` does it); every rank must call ``step``
-    with the same plan, and only rank 0 returns tokens.
+    initialized (``engine.runner.tp`` does it); every rank must launch the same
+    steps in the same order.
     """
 
     def __init__(self, args: RunnerArgs, tp_rank: int = 0) -> None:
@@ -74,7 +106,9 @@ class ModelRunner:
         self.config, folder = load_config(args)
         self.eos_token_ids: list[int] = list(self.config.eos_token_ids)
         self.page_size = args.page_size
-        self.model = LlamaForCausalLM(self.config, self.tp, self.dtype, self.device)
+        self.backend_name = resolve_name(args.attention_backend, self.device.type)
+        ops = get_ops(self.device, self.dtype, self.backend_name)
+        self.model = LlamaForCausalLM(self.config, self.tp, self.dtype, self.device, ops)
         if args.dummy_weights:
             init_dummy(self.model, args.seed)
         else:
@@ -85,27 +119,38 @@ class ModelRunner:
             self.config.num_heads, self.config.num_kv_heads, self.tp.size, self.tp.rank
         )
         self.num_pages = self._agree(args.num_pages or self._default_num_pages(shard.kv_count))
+        c = self.config
         self.kv = KVPool(
-            self.config.num_layers,
-            self.num_pages,
-            self.page_size,
-            shard.kv_count,
-            self.config.head_dim,
-            self.dtype,
-            self.device,
+            c.num_layers, self.num_pages, self.page_size, shard.kv_count, c.head_dim,
+            self.dtype, self.device,
+        )  # fmt: skip
+        backend = get_backend(self.backend_name, self.device.type)
+        self.attention = backend(self.kv, shard.q_count, 1.0 / math.sqrt(c.head_dim))
+        self.max_pages_per_seq = min(
+            -(-c.max_position_embeddings // self.page_size), self.num_pages
         )
-        backend = get_backend(args.attention_backend, self.device.type)
-        self.attention = backend(self.kv, shard.q_count, 1.0 / math.sqrt(self.config.head_dim))
+        self.table = RequestTable(
+            2 * args.max_running, self.max_pages_per_seq, self.num_pages, self.device
+        )
+        self.staging = Staging(self.device)
         self.sampler = Sampler(self.device, args.seed, args.vocab_limit)
+        self.pinned = self.device.type == "cuda"
+        self._last_rows: dict[str, int] = {}  # rid -> row of the last step's sampled tokens
+        self._last_tokens: torch.Tensor | None = None
+        self.graphs: DecodeGraphs | None = None
+        if self.device.type == "cuda" and args.cuda_graph and backend.supports_graphs:
+            self.graphs = DecodeGraphs(
+                self.model, self.attention, self.kv, min(args.max_running, 256),
+                self.max_pages_per_seq,
+            )  # fmt: skip
+            seconds = self.graphs.capture()
+            log.info("rank %d: captured %d decode graphs in %.1fs", tp_rank, len(
+                self.graphs.sizes), seconds)  # fmt: skip
         log.info(
-            "rank %d: %s on %s (%s), %d KV pages of %d tokens",
-            tp_rank,
-            args.model,
-            self.device,
-            self.dtype,
-            self.num_pages,
+            "rank %d: %s on %s (%s, %s attention), %d KV pages of %d tokens",
+            tp_rank, args.model, self.device, self.dtype, self.backend_name, self.num_pages,
             self.page_size,
-        )
+        )  # fmt: skip
 
     def _default_num_pages(self, kv_heads: int) -> int:
         c = self.config
@@ -139,51 +184,83 @@ class ModelRunner:
         dist.all_reduce(t, op=dist.ReduceOp.MIN)
         return int(t.item())
 
-    def _check_token_ids(self, inputs: StepInputs) -> None:
-        vocab = self.config.vocab_size
-        lows = [min(t) for t in inputs.prefill_tokens if t]
-        highs = [max(t) for t in inputs.prefill_tokens if t]
-        if inputs.decode_tokens:
-            lows.append(min(inputs.decode_tokens))
-            highs.append(max(inputs.decode_tokens))
-        if lows and (min(lows) < 0 or max(highs) >= vocab):
-            raise ValueError(
-                f"token ids must be in [0, {vocab}), got values in [{min(lows)}, {max(highs)}]"
-            )
+    # ------------------------------------------------------------------ steps
+    @torch.inference_mode()
+    def launch(self, plan: Plan, inputs: StepInputs) -> StepHandle:
+        """Start ``plan`` on the device; the handle yields ``plan.sampling_rids()``'s tokens."""
+        forward = self._forward(plan, inputs)
+        if forward is None:
+            return StepHandle(None)
+        tokens = self.sampler.sample_tensor(forward.logits, forward.sampling)
+        self._last_tokens = tokens
+        self._last_rows = {rid: i for i, rid in enumerate(plan.sampling_rids())}
+        return StepHandle(tokens)
+
+    def step(self, plan: Plan, inputs: StepInputs) -> list[int]:
+        """Run ``plan`` and wait; the sampled token of each of ``plan.sampling_rids()``."""
+        return self.launch(plan, inputs).tokens()
 
     @torch.inference_mode()
     def logits(self, plan: Plan, inputs: StepInputs) -> torch.Tensor | None:
-        """Run ``plan``; float32 logits ``[N, vocab]`` of ``plan.sampling_rids()`` (rank 0 only).
+        """Run ``plan`` without sampling; float32 logits ``[N, vocab]`` of ``plan.sampling_rids()``.
 
-        None on ranks other than 0 and for plans without model work.
+        None for plans without model work.
         """
-        if not plan.has_model_work:
-            return None
-        self._check_token_ids(inputs)
-        batch = ForwardBatch.build(
-            plan,
-            inputs.prefill_tokens,
-            inputs.decode_tokens,
-            self.page_size,
-            self.num_pages,
-            self.device,
-        )
-        self.attention.prepare(batch)
-        hidden = self.model(batch.input_ids, batch.positions, self.attention)
-        if self.tp.rank != 0:
-            return None
-        return self.model.compute_logits(hidden[batch.sample_rows])
+        forward = self._forward(plan, inputs)
+        return None if forward is None else forward.logits
 
-    @torch.inference_mode()
-    def step(self, plan: Plan, inputs: StepInputs) -> list[int]:
-        """Run ``plan``; the sampled token of each of ``plan.sampling_rids()`` (rank 0 only)."""
+    def _forward(self, plan: Plan, inputs: StepInputs) -> _Forward | None:
         n_sample = len(plan.sampling_rids())
         if len(inputs.sampling) != n_sample or len(inputs.output_index) != n_sample:
             raise ValueError(
                 f"plan samples {n_sample} requests but inputs carry {len(inputs.sampling)} "
                 f"sampling params and {len(inputs.output_index)} output indices"
             )
-        logits = self.logits(plan, inputs)
-        if logits is None or n_sample == 0:
-            return []
-        return self.sampler.sample(logits, inputs.sampling, inputs.output_index)
+        layout = StepLayout.build(plan, inputs, self.page_size, self.config.vocab_size)
+        source = self._sample_sources(plan, layout)
+        self.table.release([*plan.aborted, *plan.preempted, *inputs.released])
+        if not plan.has_model_work:
+            return None
+        slots, writes = self.table.assign(layout.rids, layout.pages)
+        sampling = SamplingArrays.build(inputs.sampling, inputs.output_index, self._sampler_vocab())
+        step = DeviceStep.upload(layout, source, slots, writes, sampling, self.staging)
+        ids = step.resolve_ids(self._last_tokens, bool((source >= 0).any()))
+        meta = step.metadata(layout, self.table, self.pinned)
+        hidden = self._run_model(layout, ids, step.positions, meta)
+        logits = self.model.compute_logits(hidden.index_select(0, step.sample_rows))
+        return _Forward(layout, logits, step.sampling)
+
+    def _run_model(
+        self,
+        layout: StepLayout,
+        ids: torch.Tensor,
+        positions: torch.Tensor,
+        meta: AttentionMetadata,
+    ) -> torch.Tensor:
+        bs = self.graphs.bucket(layout.num_seqs) if self.graphs and layout.is_decode else None
+        if self.graphs is not None and bs is not None:
+            return self.graphs.replay(bs, ids, positions, meta)
+        self.attention.prepare(meta)
+        hidden: torch.Tensor = self.model(ids, positions, self.attention)
+        return hidden
+
+    def _sample_sources(self, plan: Plan, layout: StepLayout) -> np.ndarray:
+        """Per row: the row of the last step's samples that holds its input token, else -1."""
+        source = np.full(layout.num_tokens, -1, dtype=np.int64)
+        first = layout.num_tokens - len(plan.decode)
+        for j, slot in enumerate(plan.decode):
+            if layout.input_ids[first + j] != FROM_LAST_SAMPLE:
+                continue
+            row = self._last_rows.get(slot.rid)
+            if row is None:
+                raise ValueError(
+                    f"request {slot.rid}: its input token comes from the previous step, "
+                    "which sampled none for it"
+                )
+            source[first + j] = row
+        return source
+
+    def _sampler_vocab(self) -> int:
+        limit = self.args.vocab_limit
+        vocab = self.config.vocab_size
+        return vocab if limit is None else min(vocab, limit)

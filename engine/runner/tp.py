@@ -2,8 +2,10 @@
 
 Rank 0 (``TPLeader``, inside the scheduler process) broadcasts every step as
 msgpack bytes, ``[plan.to_dict(), StepInputs]``, over a gloo control group,
-then runs it; each follower receives the same bytes and runs the same step, so
-the model's all-reduces line up. A negative length announces shutdown.
+then launches it; each follower receives the same bytes and launches the same
+step, so the model's all-reduces line up, and samples the same tokens (which
+the next step may read on the device, see ``ModelRunner``). A negative length
+announces shutdown.
 
 Wire format on the control group, per message::
 
@@ -29,6 +31,7 @@ import torch.distributed as dist
 from engine.runner.args import RunnerArgs
 from engine.runner.inputs import StepInputs
 from engine.runner.model_runner import ModelRunner, device_for
+from engine.runner.step import StepHandle
 from engine.scheduler.plan import Plan
 
 log = logging.getLogger(__name__)
@@ -99,13 +102,17 @@ class TPLeader:
         self.runner = ModelRunner(args, 0)
         self._closed = False
 
-    def step(self, plan: Plan, inputs: StepInputs) -> list[int]:
-        """Send the step to the followers, run it here; tokens for ``plan.sampling_rids()``."""
+    def launch(self, plan: Plan, inputs: StepInputs) -> StepHandle:
+        """Send the step to the followers and start it here (see ``ModelRunner.launch``)."""
         if self._closed:
-            raise RuntimeError("step() after shutdown()")
-        if self.group is not None and plan.has_model_work:
+            raise RuntimeError("launch() after shutdown()")
+        if self.group is not None and (plan.has_model_work or inputs.released):
             _broadcast_bytes(encode_step(plan, inputs), self.group)
-        return self.runner.step(plan, inputs)
+        return self.runner.launch(plan, inputs)
+
+    def step(self, plan: Plan, inputs: StepInputs) -> list[int]:
+        """Run ``plan`` on every rank and wait; tokens for ``plan.sampling_rids()``."""
+        return self.launch(plan, inputs).tokens()
 
     def shutdown(self) -> None:
         """Tell the followers to exit and leave the process group (idempotent)."""
@@ -149,7 +156,7 @@ def follower_main(args: RunnerArgs, rank: int) -> None:
                 break
             plan, inputs = decode_step(data)
             try:
-                runner.step(plan, inputs)
+                runner.launch(plan, inputs)
             except ValueError as exc:  # a bad plan: rank 0 rejected it too, before any collective
                 log.error("tp rank %d: step %d rejected: %s", rank, plan.step, exc)
     finally:

@@ -1,0 +1,112 @@
+"""The elementwise kernels of a Llama-family layer, behind one small interface.
+
+``TorchOps`` is plain PyTorch (CPU, and the reference on CUDA); ``FlashInferOps``
+uses FlashInfer's fused kernels on CUDA (one launch each for add + RMSNorm,
+SiLU-and-multiply and rotary), which matters inside a CUDA graph where a decode
+step is a chain of a few hundred small kernels. Both compute the same functions:
+
+    rms_norm(x, w)            = w * x / sqrt(mean(x^2) + eps)      (float32 inside)
+    add_rms_norm(x, r, w)     = (rms_norm(x + r, w), x + r)
+    silu_and_mul([g | u])     = silu(g) * u
+    rotary(pos, q, k, cache)  = q and k rotated in the ``rotate_half`` layout, with
+                                cache[p] = [cos(p f_0..f_{d/2-1}) | sin(p f_0..f_{d/2-1})]
+"""
+
+from __future__ import annotations
+
+import importlib.util
+
+import torch
+import torch.nn.functional as F
+
+
+class TorchOps:
+    name = "torch"
+
+    def rms_norm(self, x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+        dtype = x.dtype
+        h = x.to(torch.float32)
+        h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + eps)
+        return weight * h.to(dtype)
+
+    def add_rms_norm(
+        self, x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        residual = residual + x
+        return self.rms_norm(residual, weight, eps), residual
+
+    def silu_and_mul(self, x: torch.Tensor) -> torch.Tensor:
+        half = x.shape[-1] // 2
+        return F.silu(x[..., :half]) * x[..., half:]
+
+    def rotary(
+        self,
+        positions: torch.Tensor,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        cos_sin: torch.Tensor,
+        head_dim: int,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """``q`` ``[T, Hq, D]`` and ``k`` ``[T, Hk, D]`` rotated; may reuse their storage."""
+        half = head_dim // 2
+        rows = cos_sin.index_select(0, positions)
+        cos = rows[:, :half].repeat(1, 2).to(q.dtype)[:, None, :]
+        sin = rows[:, half:].repeat(1, 2).to(q.dtype)[:, None, :]
+        return _rotate(q, cos, sin), _rotate(k, cos, sin)
+
+
+def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    half = x.shape[-1] // 2
+    rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+    return x * cos + rotated * sin
+
+
+class FlashInferOps(TorchOps):
+    """FlashInfer's fused norm, activation and rotary kernels (CUDA, half precision)."""
+
+    name = "flashinfer"
+
+    def __init__(self) -> None:
+        import flashinfer
+
+        self.fi = flashinfer
+
+    def rms_norm(self, x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+        shape = x.shape
+        out: torch.Tensor = self.fi.norm.rmsnorm(x.reshape(-1, shape[-1]), weight, eps)
+        return out.view(shape)
+
+    def add_rms_norm(
+        self, x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        self.fi.norm.fused_add_rmsnorm(x, residual, weight, eps)  # residual += x; x = norm
+        return x, residual
+
+    def silu_and_mul(self, x: torch.Tensor) -> torch.Tensor:
+        out: torch.Tensor = self.fi.activation.silu_and_mul(x)
+        return out
+
+    def rotary(
+        self,
+        positions: torch.Tensor,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        cos_sin: torch.Tensor,
+        head_dim: int,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        # in place; q and k may be strided views of the fused QKV output (last dim contiguous)
+        self.fi.rope.apply_rope_with_cos_sin_cache_inplace(
+            positions, q.view(q.shape[0], -1), k.view(k.shape[0], -1), head_dim, cos_sin, True
+        )
+        return q, k
+
+
+def flashinfer_available() -> bool:
+    return importlib.util.find_spec("flashinfer") is not None
+
+
+def get_ops(device: torch.device, dtype: torch.dtype, backend: str) -> TorchOps:
+    """FlashInfer kernels where the attention backend is FlashInfer (CUDA, half precision)."""
+    if backend == "flashinfer" and device.type == "cuda" and dtype != torch.float32:
+        return FlashInferOps()
+    return TorchOps()

@@ -1,0 +1,88 @@
+"""A laid-out step moved to the device: one upload, then the attention metadata.
+
+``upload`` sends every per-step array in one pinned copy (``Staging``): the
+step's token ids and positions, where decode inputs come from the previous
+step's samples, the request slots, the page-table writes and the sampling
+parameters. ``metadata`` applies the page-table writes and gathers the KV
+indices and write slots from the request table on the device.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from engine.attention.metadata import AttentionMetadata, host_tensor
+from engine.runner.layout import StepLayout
+from engine.runner.staging import Staging
+from engine.runner.table import RequestTable
+from engine.sampling.sampler import SamplingArrays
+
+
+@dataclass(frozen=True, slots=True)
+class DeviceStep:
+    input_ids: torch.Tensor  # int64 [T]; FROM_LAST_SAMPLE where ``source`` >= 0
+    source: torch.Tensor  # int64 [T]: row of the previous step's samples, or -1
+    positions: torch.Tensor  # int64 [T]
+    slots: torch.Tensor  # int32 [N]
+    page_counts: torch.Tensor  # int32 [N]
+    kv_indptr: torch.Tensor  # int32 [N + 1]
+    token_slots: torch.Tensor  # int32 [T]
+    sample_rows: torch.Tensor  # int64 [S]
+    writes: tuple[torch.Tensor, torch.Tensor, torch.Tensor]  # rows, cols, page ids
+    sampling: SamplingArrays
+
+    @staticmethod
+    def upload(
+        layout: StepLayout,
+        source: np.ndarray,
+        slots: np.ndarray,
+        writes: tuple[np.ndarray, np.ndarray, np.ndarray],
+        sampling: SamplingArrays,
+        staging: Staging,
+    ) -> DeviceStep:
+        token_slots = np.repeat(slots, np.diff(layout.qo_indptr))
+        arrays = [
+            layout.input_ids, source, layout.positions, slots, layout.page_counts,
+            layout.kv_indptr, token_slots, layout.sample_rows, *writes, *sampling.host_arrays(),
+        ]  # fmt: skip
+        d = staging.upload(arrays)
+        return DeviceStep(
+            input_ids=d[0],
+            source=d[1],
+            positions=d[2],
+            slots=d[3],
+            page_counts=d[4],
+            kv_indptr=d[5],
+            token_slots=d[6],
+            sample_rows=d[7],
+            writes=(d[8], d[9], d[10]),
+            sampling=sampling.with_arrays(d[11:]),
+        )
+
+    def resolve_ids(self, last_tokens: torch.Tensor | None, any_source: bool) -> torch.Tensor:
+        """Token ids with the previous step's samples filled in where ``source`` says."""
+        if last_tokens is None or not any_source:
+            return self.input_ids
+        last = last_tokens[self.source.clamp(min=0)]
+        return torch.where(self.source >= 0, last, self.input_ids)
+
+    def metadata(self, layout: StepLayout, table: RequestTable, pinned: bool) -> AttentionMetadata:
+        table.apply(*self.writes)
+        kv_indptr = layout.kv_indptr
+        kv_indices, out_slots = AttentionMetadata.gather(
+            table.pages, self.slots, self.page_counts, self.kv_indptr, int(kv_indptr[-1]),
+            self.token_slots, self.positions, layout.page_size,
+        )  # fmt: skip
+        return AttentionMetadata(
+            num_prefill=layout.num_prefill,
+            qo_indptr=host_tensor(layout.qo_indptr, pinned),
+            kv_indptr=host_tensor(kv_indptr, pinned),
+            kv_lens=host_tensor(layout.kv_lens, pinned),
+            last_page_len=host_tensor(layout.last_page_len, pinned),
+            kv_indices=kv_indices,
+            out_slots=out_slots,
+            page_size=layout.page_size,
+        )

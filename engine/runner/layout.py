@@ -1,0 +1,166 @@
+"""A plan laid out as the host-side arrays of one forward pass (numpy, no device work).
+
+Row layout of a step (every per-token array follows it)::
+
+    | chunk 0 tokens | chunk 1 tokens | ... | decode 0 | decode 1 | ... |
+      plan.prefill, in order                  plan.decode, one row each
+
+Sequence ``i`` (prefill chunks first, then decode slots) owns rows
+``qo_indptr[i]:qo_indptr[i+1]``, attends to ``kv_lens[i]`` positions (cached plus
+new) held in its first ``page_counts[i]`` pages, and writes the K/V of its new
+rows at their positions. ``sample_rows`` are the rows whose logits are sampled,
+in the order of ``plan.sampling_rids()``. An input id of ``FROM_LAST_SAMPLE``
+stands for the token that the previous step sampled for that request (overlap
+scheduling: the step is launched before that token reaches the host).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from itertools import chain
+
+import numpy as np
+
+from engine.runner.inputs import FROM_LAST_SAMPLE, StepInputs
+from engine.scheduler.plan import Plan
+
+
+@dataclass(frozen=True, slots=True)
+class StepLayout:
+    rids: list[str]
+    pages: list[tuple[int, ...]]
+    input_ids: np.ndarray  # int64 [T]
+    positions: np.ndarray  # int64 [T]
+    qo_indptr: np.ndarray  # int32 [N + 1]
+    kv_lens: np.ndarray  # int32 [N]
+    page_counts: np.ndarray  # int32 [N]
+    sample_rows: np.ndarray  # int64 [S]
+    num_prefill: int
+    page_size: int
+
+    @property
+    def num_tokens(self) -> int:
+        return int(self.input_ids.shape[0])
+
+    @property
+    def num_seqs(self) -> int:
+        return len(self.rids)
+
+    @property
+    def is_decode(self) -> bool:
+        """Every sequence decodes one token (the shape CUDA graphs capture)."""
+        return self.num_prefill == 0
+
+    @property
+    def kv_indptr(self) -> np.ndarray:
+        out = np.zeros(self.num_seqs + 1, dtype=np.int32)
+        np.cumsum(self.page_counts, out=out[1:])
+        return out
+
+    @property
+    def last_page_len(self) -> np.ndarray:
+        """Tokens in each sequence's last page, in ``[1, page_size]``."""
+        return (self.kv_lens - 1) % self.page_size + 1
+
+    @staticmethod
+    def build(plan: Plan, inputs: StepInputs, page_size: int, vocab_size: int) -> StepLayout:
+        """Validate the plan against its token ids, then lay it out."""
+        _check_counts(plan, inputs)
+        rids: list[str] = []
+        pages: list[tuple[int, ...]] = []
+        starts: list[int] = []
+        lengths: list[int] = []
+        sample_rows: list[int] = []
+        row = 0
+        for chunk, tokens in zip(plan.prefill, inputs.prefill_tokens, strict=True):
+            if len(tokens) != chunk.length or chunk.length < 1:
+                raise ValueError(
+                    f"request {chunk.rid}: prefill chunk of length {chunk.length} "
+                    f"got {len(tokens)} token ids"
+                )
+            rids.append(chunk.rid)
+            pages.append(chunk.pages)
+            starts.append(chunk.start)
+            lengths.append(chunk.length)
+            row += chunk.length
+            if chunk.samples:
+                sample_rows.append(row - 1)
+        for slot in plan.decode:
+            rids.append(slot.rid)
+            pages.append(slot.pages)
+            starts.append(slot.position)
+            lengths.append(1)
+        sample_rows.extend(range(row, row + len(plan.decode)))
+        start = np.asarray(starts, dtype=np.int64)
+        length = np.asarray(lengths, dtype=np.int64)
+        kv_lens = (start + length).astype(np.int32)
+        page_counts = -(-kv_lens // page_size)
+        _check_pages(rids, pages, start, kv_lens, page_counts)
+        qo_indptr = np.zeros(len(rids) + 1, dtype=np.int32)
+        np.cumsum(length, out=qo_indptr[1:])
+        input_ids = _input_ids(plan, inputs, vocab_size)
+        return StepLayout(
+            rids=rids,
+            pages=pages,
+            input_ids=input_ids,
+            positions=_positions(start, length, int(qo_indptr[-1])),
+            qo_indptr=qo_indptr,
+            kv_lens=kv_lens,
+            page_counts=page_counts.astype(np.int32),
+            sample_rows=np.asarray(sample_rows, dtype=np.int64),
+            num_prefill=len(plan.prefill),
+            page_size=page_size,
+        )
+
+
+def _check_counts(plan: Plan, inputs: StepInputs) -> None:
+    if len(inputs.prefill_tokens) != len(plan.prefill):
+        raise ValueError(
+            f"plan has {len(plan.prefill)} prefill chunks but {len(inputs.prefill_tokens)} "
+            "token lists were given"
+        )
+    if len(inputs.decode_tokens) != len(plan.decode):
+        raise ValueError(
+            f"plan has {len(plan.decode)} decode slots but {len(inputs.decode_tokens)} "
+            "decode tokens were given"
+        )
+
+
+def _check_pages(
+    rids: Sequence[str],
+    pages: Sequence[tuple[int, ...]],
+    start: np.ndarray,
+    kv_lens: np.ndarray,
+    page_counts: np.ndarray,
+) -> None:
+    for i, rid in enumerate(rids):
+        if start[i] < 0:
+            raise ValueError(f"request {rid}: negative position {int(start[i])}")
+        if len(pages[i]) < page_counts[i]:
+            raise ValueError(
+                f"request {rid}: {int(kv_lens[i])} tokens need {int(page_counts[i])} pages, "
+                f"the page table has {len(pages[i])}"
+            )
+
+
+def _input_ids(plan: Plan, inputs: StepInputs, vocab_size: int) -> np.ndarray:
+    """Prefill ids then decode ids; only a decode id may be ``FROM_LAST_SAMPLE``."""
+    total = sum(c.length for c in plan.prefill)
+    prefill = np.fromiter(chain.from_iterable(inputs.prefill_tokens), np.int64, count=total)
+    decode = np.asarray(inputs.decode_tokens, dtype=np.int64)
+    ids = np.concatenate((prefill, decode))
+    known = np.concatenate((prefill, decode[decode != FROM_LAST_SAMPLE]))
+    if len(known) and (int(known.min()) < 0 or int(known.max()) >= vocab_size):
+        raise ValueError(
+            f"token ids must be in [0, {vocab_size}), got values in "
+            f"[{int(known.min())}, {int(known.max())}]"
+        )
+    return ids
+
+
+def _positions(start: np.ndarray, length: np.ndarray, total: int) -> np.ndarray:
+    """``start[i] .. start[i] + length[i] - 1`` for each sequence, concatenated."""
+    offsets = np.repeat(np.cumsum(length) - length, length)
+    positions: np.ndarray = np.repeat(start, length) + np.arange(total, dtype=np.int64) - offsets
+    return positions
