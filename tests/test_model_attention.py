@@ -13,11 +13,10 @@ from __future__ import annotations
 import math
 from typing import NamedTuple
 
+import numpy as np
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
-
-import numpy as np
 
 from engine.attention import get_backend
 from engine.kvcache import KVPool
@@ -58,7 +57,7 @@ def _dense(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, pos: int) -> torch
 def test_paged_attention_equals_dense(requests: list[tuple[int, int, bool]], seed: int) -> None:
     gen = torch.Generator().manual_seed(seed)
     pool = KVPool(1, NUM_PAGES, PAGE, KV_HEADS, DIM, torch.float32, torch.device("cpu"))
-    backend = get_backend("torch")(pool, Q_HEADS, 1.0 / math.sqrt(DIM))
+    backend = get_backend("torch", "cpu", torch.float32, DIM)(pool, Q_HEADS, 1.0 / math.sqrt(DIM))
     free = torch.randperm(NUM_PAGES, generator=gen).tolist()
     prefill: list[PrefillChunk] = []
     decode: list[DecodeSlot] = []

@@ -82,7 +82,7 @@ class Driver:
 
     def __init__(self, runner: ModelRunner, **config: Any) -> None:
         config.setdefault("num_pages", 64)
-        self.engine = Engine(SchedulerConfig(**config), runner.step, runner.eos_token_ids)
+        self.engine = Engine(SchedulerConfig(**config), runner.launch, runner.eos_token_ids)
         self.plans: list[Plan] = []
         self.outputs: dict[str, list[int]] = {}
 

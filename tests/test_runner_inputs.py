@@ -119,3 +119,14 @@ def test_model_resolution(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> No
         ModelRunner(RunnerArgs(model="no-such-model"))
     with pytest.raises(ModelNotFoundError, match=r"dummy-weight presets: .*tiny-qwen3"):
         ModelRunner(RunnerArgs(model="no-such-model", dummy_weights=True))
+
+
+def test_attention_backend_choice() -> None:
+    from engine.attention import resolve_name
+
+    assert resolve_name("auto", "cpu", torch.float32, 64) == "torch"
+    assert resolve_name("auto", "cuda", torch.float32, 64) == "torch"  # no FlashInfer for fp32
+    with pytest.raises(ValueError, match=r"unknown attention backend 'flashinfer' .*needs the"):
+        ModelRunner(
+            RunnerArgs(model="tiny-llama", dummy_weights=True, attention_backend="flashinfer")
+        )

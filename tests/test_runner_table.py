@@ -87,7 +87,7 @@ def test_bad_pages_change_nothing() -> None:
         table.assign(["a", "b"], [(1, 2, 3), (10,)])
     with pytest.raises(ValueError, match="5 pages exceed the table's 4 per request"):
         table.assign(["c"], [(1, 2, 3, 4, 5)])
-    slots, (rows, cols, vals) = table.assign(["a"], [(1, 2, 3)])
+    _, (_, cols, vals) = table.assign(["a"], [(1, 2, 3)])
     assert cols.tolist() == [2] and vals.tolist() == [3], "a's row was not touched by the errors"
     with pytest.raises(RuntimeError, match="more than 2 requests"):
         table.assign(["x", "y", "z"], [(1,), (2,), (3,)])

@@ -25,7 +25,7 @@ def leader(model_ready: str) -> Any:
 
 def make_engine(leader: Any, num_pages: int = 64) -> Engine:
     config = SchedulerConfig(num_pages=num_pages, page_size=leader.runner.page_size)
-    return Engine(config, leader.step, leader.runner.eos_token_ids)
+    return Engine(config, leader.launch, leader.runner.eos_token_ids)
 
 
 def request(rid: str, prompt: list[int], max_new: int = 12, **kw: Any) -> messages.TokenizedRequest:

@@ -26,7 +26,7 @@ from engine.runner import ModelRunner, RunnerArgs, StepInputs
 from engine.runner.tp import TPLeader, decode_step, encode_step, follower_main
 from engine.sampling import SamplingParams
 from engine.scheduler import DecodeSlot, Plan, PrefillChunk, SchedulerConfig
-from engine.scheduler_proc.engine import Engine, StepFn
+from engine.scheduler_proc.engine import Engine, LaunchFn
 
 torch.set_num_threads(1)
 
@@ -63,8 +63,8 @@ def test_step_wire_roundtrip() -> None:
     assert decode_step(encode_step(plan, inputs)) == (plan, inputs)
 
 
-def _generate(step: StepFn, prompts: list[list[int]]) -> dict[str, list[int]]:
-    engine = Engine(SchedulerConfig(num_pages=64, max_prefill_tokens=24), step, [2])
+def _generate(launch: LaunchFn, prompts: list[list[int]]) -> dict[str, list[int]]:
+    engine = Engine(SchedulerConfig(num_pages=64, max_prefill_tokens=24), launch, [2])
     greedy = SamplingParams(temperature=0.0, max_new_tokens=12)
     for i, ids in enumerate(prompts):
         engine.add(TokenizedRequest(f"r{i}", ids, greedy, 0.0, 0.0))
@@ -117,10 +117,10 @@ def tp2_leader(tmp_path: Path) -> Iterator[TPLeader]:
 @pytest.mark.timeout(180)
 def test_tp2_greedy_equals_tp1(tp2_leader: TPLeader, prompts: list[list[int]]) -> None:
     tp1 = ModelRunner(RunnerArgs(model="smollm2-135m", num_pages=64, cpu_threads=1))
-    expected = _generate(tp1.step, prompts)
+    expected = _generate(tp1.launch, prompts)
     del tp1
     assert tp2_leader.runner.kv.num_kv_heads == 2  # rank 0 holds 2 of the 3 KV heads
-    assert _generate(tp2_leader.step, prompts) == expected
+    assert _generate(tp2_leader.launch, prompts) == expected
 
 
 def _leader_then_hang(args: RunnerArgs, ready: Path) -> None:

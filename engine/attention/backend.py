@@ -35,6 +35,11 @@ class AttentionBackend(ABC):
         self.num_q_heads = num_q_heads
         self.scale = scale
 
+    @classmethod
+    def unsupported(cls, device_type: str, dtype: torch.dtype, head_dim: int) -> str | None:
+        """Why this backend cannot run the model (None when it can)."""
+        return None
+
     @abstractmethod
     def prepare(self, meta: AttentionMetadata) -> None:
         """Build per-step state shared by all layers."""
@@ -64,21 +69,30 @@ def register_backend(cls: type[AttentionBackend]) -> type[AttentionBackend]:
     return cls
 
 
-def get_backend(name: str, device_type: str = "cpu") -> type[AttentionBackend]:
-    """The backend class called ``name``; ``auto`` picks by device (see ``resolve_name``)."""
-    name = resolve_name(name, device_type)
-    try:
-        return ATTENTION_BACKENDS[name]
-    except KeyError:
+def get_backend(
+    name: str, device_type: str, dtype: torch.dtype, head_dim: int
+) -> type[AttentionBackend]:
+    """The backend class for ``name`` (``auto``: ``resolve_name``), checked against the model."""
+    name = resolve_name(name, device_type, dtype, head_dim)
+    if name not in ATTENTION_BACKENDS:
+        hint = (
+            " (it needs the flashinfer package and a CUDA device)" if name == "flashinfer" else ""
+        )
         raise ValueError(
-            f"unknown attention backend {name!r}; available: {sorted(ATTENTION_BACKENDS)}"
-        ) from None
+            f"unknown attention backend {name!r}{hint}; available: {sorted(ATTENTION_BACKENDS)}"
+        )
+    backend = ATTENTION_BACKENDS[name]
+    reason = backend.unsupported(device_type, dtype, head_dim)
+    if reason:
+        raise ValueError(f"the {name} attention backend cannot run this model: {reason}")
+    return backend
 
 
-def resolve_name(name: str, device_type: str) -> str:
-    """``auto`` is ``flashinfer`` on CUDA when it is registered (installed), else ``torch``."""
+def resolve_name(name: str, device_type: str, dtype: torch.dtype, head_dim: int) -> str:
+    """``auto`` is ``flashinfer`` where it is installed and supports the model, else ``torch``."""
     if name != "auto":
         return name
-    if device_type == "cuda" and "flashinfer" in ATTENTION_BACKENDS:
+    flashinfer = ATTENTION_BACKENDS.get("flashinfer")
+    if flashinfer is not None and not flashinfer.unsupported(device_type, dtype, head_dim):
         return "flashinfer"
     return "torch"

@@ -26,12 +26,23 @@ from engine.attention.metadata import AttentionMetadata
 from engine.kvcache.pool import KVPool
 
 WORKSPACE_BYTES = 256 * 1024 * 1024
+HEAD_DIMS = (64, 128, 256)
 
 
 @register_backend
 class FlashInferAttention(AttentionBackend):
     name = "flashinfer"
     supports_graphs = True
+
+    @classmethod
+    def unsupported(cls, device_type: str, dtype: torch.dtype, head_dim: int) -> str | None:
+        if device_type != "cuda":
+            return "it runs on CUDA only"
+        if dtype not in (torch.float16, torch.bfloat16):
+            return f"it needs float16 or bfloat16, not {dtype}"
+        if head_dim not in HEAD_DIMS:
+            return f"head dim {head_dim} is not one of {HEAD_DIMS}"
+        return None
 
     def __init__(self, pool: KVPool, num_q_heads: int, scale: float) -> None:
         super().__init__(pool, num_q_heads, scale)

@@ -68,6 +68,7 @@ class ServeConfig(msgspec.Struct, kw_only=True):
     prefix_cache: bool = True
     attention_backend: str = "auto"
     cuda_graph: bool = True
+    overlap: bool | None = None  # None: on for CUDA, off for CPU
     cpu_threads: int | None = None
     seed: int = 0
     dist_init: str = ""

@@ -73,6 +73,12 @@ def build_parser() -> argparse.ArgumentParser:
         "--no-cuda-graph", action="store_true", help="run decode eagerly (CUDA; for debugging)"
     )
     p.add_argument(
+        "--overlap",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="launch step N+1 before finishing step N (default: on for CUDA, off for CPU)",
+    )
+    p.add_argument(
         "--dtype",
         default="auto",
         choices=("auto", "float32", "bfloat16", "float16"),

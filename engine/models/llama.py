@@ -60,9 +60,16 @@ class LlamaAttention(nn.Module):
         ]
         self.qkv_proj = ColumnParallelLinear(h, parts, config.qkv_bias, dtype, device)
         self.o_proj = RowParallelLinear(
-            "o_proj", q_full, shard.q_start * d, self.num_q * d, h, config.o_bias, tp, dtype,
+            "o_proj",
+            q_full,
+            shard.q_start * d,
+            self.num_q * d,
+            h,
+            config.o_bias,
+            tp,
+            dtype,
             device,
-        )  # fmt: skip
+        )
         self.q_norm: RMSNorm | None = None
         self.k_norm: RMSNorm | None = None
         if config.qk_norm:

@@ -45,9 +45,17 @@ class DeviceStep:
     ) -> DeviceStep:
         token_slots = np.repeat(slots, np.diff(layout.qo_indptr))
         arrays = [
-            layout.input_ids, source, layout.positions, slots, layout.page_counts,
-            layout.kv_indptr, token_slots, layout.sample_rows, *writes, *sampling.host_arrays(),
-        ]  # fmt: skip
+            layout.input_ids,
+            source,
+            layout.positions,
+            slots,
+            layout.page_counts,
+            layout.kv_indptr,
+            token_slots,
+            layout.sample_rows,
+            *writes,
+            *sampling.host_arrays(),
+        ]
         d = staging.upload(arrays)
         return DeviceStep(
             input_ids=d[0],
@@ -73,9 +81,15 @@ class DeviceStep:
         table.apply(*self.writes)
         kv_indptr = layout.kv_indptr
         kv_indices, out_slots = AttentionMetadata.gather(
-            table.pages, self.slots, self.page_counts, self.kv_indptr, int(kv_indptr[-1]),
-            self.token_slots, self.positions, layout.page_size,
-        )  # fmt: skip
+            table.pages,
+            self.slots,
+            self.page_counts,
+            self.kv_indptr,
+            int(kv_indptr[-1]),
+            self.token_slots,
+            self.positions,
+            layout.page_size,
+        )
         return AttentionMetadata(
             num_prefill=layout.num_prefill,
             qo_indptr=host_tensor(layout.qo_indptr, pinned),

@@ -59,23 +59,30 @@ class DecodeGraphs:
         attention.init_graphs(self.sizes, max_bs * max_pages_per_seq)
         self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
         self.outputs: dict[int, torch.Tensor] = {}
+        self.replays = 0
+        self.capture_s: dict[int, tuple[float, float]] = {}
 
+    @torch.inference_mode()
     def capture(self) -> float:
-        """Capture every batch size; returns the seconds it took."""
+        """Capture every batch size; returns the seconds it took (per size in ``capture_s``)."""
         start = time.perf_counter()
         self.out_slots.fill_(self.scratch_slot)
         mem_pool = None
         for bs in reversed(self.sizes):
+            t0 = time.perf_counter()
             meta = self._padding_meta(bs)
             self.attention.prepare_graph(bs, meta, self.out_slots[:bs])
             self._forward(bs)  # warm-up: kernels load, workspaces are allocated
             torch.cuda.synchronize()
+            t1 = time.perf_counter()
             graph = torch.cuda.CUDAGraph()
             with torch.cuda.graph(graph, pool=mem_pool):
                 self.outputs[bs] = self._forward(bs)
             mem_pool = graph.pool()
             self.graphs[bs] = graph
+            self.capture_s[bs] = (t1 - t0, time.perf_counter() - t1)
         torch.cuda.synchronize()
+        log.debug("capture seconds (warm-up, capture) by batch size: %s", self.capture_s)
         return time.perf_counter() - start
 
     def _forward(self, bs: int) -> torch.Tensor:
@@ -106,6 +113,7 @@ class DecodeGraphs:
             meta = self._pad(meta, bs)
         self.attention.prepare_graph(bs, meta, self.out_slots[:bs])
         self.graphs[bs].replay()
+        self.replays += 1
         return self.outputs[bs][:n]
 
     def _padding_meta(self, bs: int) -> AttentionMetadata:

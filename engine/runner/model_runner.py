@@ -106,7 +106,9 @@ class ModelRunner:
         self.config, folder = load_config(args)
         self.eos_token_ids: list[int] = list(self.config.eos_token_ids)
         self.page_size = args.page_size
-        self.backend_name = resolve_name(args.attention_backend, self.device.type)
+        self.backend_name = resolve_name(
+            args.attention_backend, self.device.type, self.dtype, self.config.head_dim
+        )
         ops = get_ops(self.device, self.dtype, self.backend_name)
         self.model = LlamaForCausalLM(self.config, self.tp, self.dtype, self.device, ops)
         if args.dummy_weights:
@@ -121,10 +123,15 @@ class ModelRunner:
         self.num_pages = self._agree(args.num_pages or self._default_num_pages(shard.kv_count))
         c = self.config
         self.kv = KVPool(
-            c.num_layers, self.num_pages, self.page_size, shard.kv_count, c.head_dim,
-            self.dtype, self.device,
-        )  # fmt: skip
-        backend = get_backend(self.backend_name, self.device.type)
+            c.num_layers,
+            self.num_pages,
+            self.page_size,
+            shard.kv_count,
+            c.head_dim,
+            self.dtype,
+            self.device,
+        )
+        backend = get_backend(self.backend_name, self.device.type, self.dtype, c.head_dim)
         self.attention = backend(self.kv, shard.q_count, 1.0 / math.sqrt(c.head_dim))
         self.max_pages_per_seq = min(
             -(-c.max_position_embeddings // self.page_size), self.num_pages
@@ -140,17 +147,29 @@ class ModelRunner:
         self.graphs: DecodeGraphs | None = None
         if self.device.type == "cuda" and args.cuda_graph and backend.supports_graphs:
             self.graphs = DecodeGraphs(
-                self.model, self.attention, self.kv, min(args.max_running, 256),
+                self.model,
+                self.attention,
+                self.kv,
+                min(args.max_running, 256),
                 self.max_pages_per_seq,
-            )  # fmt: skip
+            )
             seconds = self.graphs.capture()
-            log.info("rank %d: captured %d decode graphs in %.1fs", tp_rank, len(
-                self.graphs.sizes), seconds)  # fmt: skip
+            log.info(
+                "rank %d: captured %d decode graphs in %.1fs",
+                tp_rank,
+                len(self.graphs.sizes),
+                seconds,
+            )
         log.info(
             "rank %d: %s on %s (%s, %s attention), %d KV pages of %d tokens",
-            tp_rank, args.model, self.device, self.dtype, self.backend_name, self.num_pages,
+            tp_rank,
+            args.model,
+            self.device,
+            self.dtype,
+            self.backend_name,
+            self.num_pages,
             self.page_size,
-        )  # fmt: skip
+        )
 
     def _default_num_pages(self, kv_heads: int) -> int:
         c = self.config

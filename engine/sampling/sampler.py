@@ -81,9 +81,17 @@ class SamplingArrays:
         """The same flags over ``arrays`` (the order of ``host_arrays``), e.g. on the device."""
         t, p, k, s, c = arrays
         return SamplingArrays(
-            t, p, k, s, c, self.any_random, self.any_top_k, self.any_top_p, self.any_seeded,
+            t,
+            p,
+            k,
+            s,
+            c,
+            self.any_random,
+            self.any_top_k,
+            self.any_top_p,
+            self.any_seeded,
             self.any_unseeded,
-        )  # fmt: skip
+        )
 
 
 class Sampler:

@@ -1,10 +1,17 @@
-"""The engine of scheduler rank 0: the shared core plus the model, one step at a time.
+"""The engine of scheduler rank 0: the shared core plus the model, step by step.
 
 The core (``engine.scheduler.Scheduler``) knows keys and pages; this object
 keeps what the core does not: each request's token sequence, sampling
-parameters and stage timestamps. ``step`` runs ``schedule -> model ->
-complete`` and turns the core's events into ``TokenItem`` values for the
-detokenizer.
+parameters and stage timestamps. A step is two calls:
+
+- ``launch()``: ``schedule`` a plan, build its inputs and start it on the model
+  (which returns at once on CUDA);
+- ``finish(launched)``: wait for its tokens, ``complete`` the plan and turn the
+  core's events into ``TokenItem`` values for the detokenizer.
+
+``step()`` is ``finish(launch())``. With overlap scheduling the loop launches
+step N+1 before it finishes step N: a decode slot whose input token step N is
+still sampling gets ``FROM_LAST_SAMPLE``, which the model reads on the device.
 """
 
 from __future__ import annotations
@@ -15,7 +22,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from engine import messages
-from engine.runner.inputs import StepInputs
+from engine.runner.inputs import FROM_LAST_SAMPLE, StepInputs
+from engine.runner.step import StepHandle
 from engine.sampling.params import SamplingParams
 from engine.scheduler import (
     Finished,
@@ -31,7 +39,7 @@ from engine.scheduler import (
 
 log = logging.getLogger(__name__)
 
-StepFn = Callable[[Plan, StepInputs], Sequence[int]]
+LaunchFn = Callable[[Plan, StepInputs], StepHandle]
 
 
 @dataclass
@@ -49,14 +57,23 @@ class Tracked:
     token_times: list[float] = field(default_factory=list)
 
 
-class Engine:
-    """``add``/``abort`` from messages, ``step`` to advance; never reads sockets."""
+@dataclass(frozen=True, slots=True)
+class Launched:
+    """A plan on its way through the model."""
 
-    def __init__(self, config: SchedulerConfig, run_step: StepFn, eos_token_ids: Sequence[int]):
+    plan: Plan
+    handle: StepHandle
+
+
+class Engine:
+    """``add``/``abort`` from messages, ``launch``/``finish`` to advance; never reads sockets."""
+
+    def __init__(self, config: SchedulerConfig, launch: LaunchFn, eos_token_ids: Sequence[int]):
         self.core = Scheduler(config)
-        self.run_step = run_step
+        self.run_model = launch
         self.eos_token_ids = frozenset(eos_token_ids)
         self.tracked: dict[str, Tracked] = {}
+        self._ended: list[str] = []  # requests that ended since the last launch
         self.last_plan: Plan | None = None
 
     def add(self, msg: messages.TokenizedRequest) -> messages.TokenItem | None:
@@ -102,19 +119,40 @@ class Engine:
         return self.core.stats()
 
     def inputs(self, plan: Plan) -> StepInputs:
+        """Token ids, sampling parameters and output indices of ``plan`` (see ``StepInputs``).
+
+        A sampled row's output index is the index of the token it samples, read off
+        its position, so it is right whether or not the step before is still running.
+        """
         tracked = self.tracked
-        rids = plan.sampling_rids()
+        decode_tokens = []
+        for d in plan.decode:
+            seq = tracked[d.rid].sequence
+            decode_tokens.append(seq[d.position] if d.position < len(seq) else FROM_LAST_SAMPLE)
+        params: list[SamplingParams] = []
+        index: list[int] = []
+        for c in plan.prefill:
+            if c.samples:
+                t = tracked[c.rid]
+                params.append(t.params)
+                index.append(c.start + c.length - t.prompt_len)
+        for d in plan.decode:
+            t = tracked[d.rid]
+            params.append(t.params)
+            index.append(d.position + 1 - t.prompt_len)
+        ended, self._ended = self._ended, []
         return StepInputs(
             prefill_tokens=[
                 tracked[c.rid].sequence[c.start : c.start + c.length] for c in plan.prefill
             ],
-            decode_tokens=[tracked[d.rid].sequence[d.position] for d in plan.decode],
-            sampling=[tracked[rid].params for rid in rids],
-            output_index=[tracked[rid].num_output for rid in rids],
+            decode_tokens=decode_tokens,
+            sampling=params,
+            output_index=index,
+            released=ended,
         )
 
-    def step(self) -> list[messages.TokenItem]:
-        """One scheduler step on the model; the token items it produced, one per request."""
+    def launch(self) -> Launched:
+        """Schedule a plan and start it on the model (without waiting for its tokens)."""
         plan = self.core.schedule(time.time())
         self.last_plan = plan
         started = time.time()
@@ -124,11 +162,15 @@ class Engine:
                 t.first_scheduled = started
                 req = self.core.get(chunk.rid)
                 t.cached_tokens = req.num_cached if req is not None else 0
-        tokens: dict[str, int] = {}
+        handle = StepHandle(None)
         if plan.has_model_work:
-            rids = plan.sampling_rids()
-            sampled = self.run_step(plan, self.inputs(plan))
-            tokens = dict(zip(rids, sampled, strict=True))
+            handle = self.run_model(plan, self.inputs(plan))
+        return Launched(plan, handle)
+
+    def finish(self, launched: Launched) -> list[messages.TokenItem]:
+        """Wait for ``launched``'s tokens and apply them; the token items, one per request."""
+        plan = launched.plan
+        tokens = dict(zip(plan.sampling_rids(), launched.handle.tokens(), strict=False))
         done = time.time()
         items: dict[str, messages.TokenItem] = {}
         for event in self.core.complete(plan, tokens):
@@ -147,6 +189,10 @@ class Engine:
                 log.info("rid %s preempted (KV pages ran out); it will recompute", event.rid)
         return list(items.values())
 
+    def step(self) -> list[messages.TokenItem]:
+        """One step, start to end."""
+        return self.finish(self.launch())
+
     def _token_item(self, event: TokenOut, now: float) -> messages.TokenItem:
         t = self.tracked[event.rid]
         t.sequence.append(event.token)
@@ -161,6 +207,7 @@ class Engine:
         return item
 
     def _forget(self, rid: str, event: Finished) -> None:
+        self._ended.append(rid)
         t = self.tracked.pop(rid, None)
         if t is not None:
             log.debug("rid %s finished (%s) after %d tokens", rid, event.reason.value, t.num_output)

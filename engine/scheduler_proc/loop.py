@@ -2,9 +2,17 @@
 
 Rank 0 owns the core and the model's leader: it drains its inbox without
 blocking while there is work, blocks on the socket (with a timeout) when idle,
-runs one step, sends the step's tokens to the detokenizer and the core's
-counters to the frontend. Ranks >= 1 run ``follower_main`` and execute what
-rank 0 broadcasts.
+runs steps, sends each step's tokens to the detokenizer and the core's counters
+to the frontend. Ranks >= 1 run ``follower_main`` and execute what rank 0
+broadcasts.
+
+With overlap scheduling (the default on CUDA) an iteration launches step N+1
+before it finishes step N::
+
+    launch N+1 (schedule, inputs, start on the GPU) -> finish N (wait, complete, send)
+
+so the GPU runs N+1 while the host completes N and forms N+2. Without it,
+every step is finished before the next is scheduled; the calls are the same.
 """
 
 from __future__ import annotations
@@ -20,7 +28,7 @@ from engine.launch.child import open_sockets, report_ready
 from engine.launch.config import ServeConfig, config_from
 from engine.runner.args import RunnerArgs
 from engine.scheduler import SchedulerConfig, SchedulerStats
-from engine.scheduler_proc.engine import Engine
+from engine.scheduler_proc.engine import Engine, Launched
 
 if TYPE_CHECKING:
     from engine.runner.tp import TPLeader
@@ -56,7 +64,7 @@ def serve_rank0(cfg: ServeConfig, leader: TPLeader) -> None:
     sched_cfg = config_from(
         SchedulerConfig, cfg, num_pages=runner.num_pages, page_size=runner.page_size
     )
-    engine = Engine(sched_cfg, leader.step, cfg.eos_token_ids)
+    engine = Engine(sched_cfg, leader.launch, cfg.eos_token_ids)
     ctx, inbox, (to_detok, to_frontend) = open_sockets(
         cfg.scheduler_addr, cfg.detokenizer_addr, cfg.frontend_addr
     )
@@ -70,7 +78,9 @@ def serve_rank0(cfg: ServeConfig, leader: TPLeader) -> None:
         eos_token_ids=cfg.eos_token_ids,
     )
     log.info("ready: %d KV pages of %d tokens", runner.num_pages, runner.page_size)
-    loop = SchedulerLoop(engine, inbox, to_detok, to_frontend)
+    overlap = cfg.device == "cuda" if cfg.overlap is None else cfg.overlap
+    log.info("overlap scheduling %s", "on" if overlap else "off")
+    loop = SchedulerLoop(engine, inbox, to_detok, to_frontend, overlap)
     loop.run()
 
 
@@ -81,8 +91,10 @@ class SchedulerLoop:
         inbox: zmq.Socket[bytes],
         to_detok: zmq.Socket[bytes],
         to_frontend: zmq.Socket[bytes],
+        overlap: bool,
     ) -> None:
         self.engine = engine
+        self.overlap = overlap
         self.inbox = inbox
         self.to_detok = to_detok
         self.to_frontend = to_frontend
@@ -91,18 +103,23 @@ class SchedulerLoop:
 
     def run(self) -> None:
         stalled = False
+        in_flight: Launched | None = None
         while True:
-            if self.engine.has_work():
-                timeout = STALLED_POLL_MS if stalled else 0
-            else:
-                timeout = IDLE_POLL_MS
-            errors = self.receive(timeout)
-            items = list(errors)
+            busy = self.engine.has_work() or in_flight is not None
+            timeout = (STALLED_POLL_MS if stalled else 0) if busy else IDLE_POLL_MS
+            items = self.receive(timeout)
             stalled = False
-            if self.engine.has_work():
-                items += self.engine.step()
-                plan = self.engine.last_plan
-                stalled = plan is not None and not plan.has_model_work and not items
+            launched = self.engine.launch() if self.engine.has_work() else None
+            if in_flight is not None:
+                items += self.engine.finish(in_flight)
+                in_flight = None
+            if launched is not None:
+                if self.overlap and launched.plan.has_model_work:
+                    in_flight = launched
+                else:
+                    produced = self.engine.finish(launched)
+                    stalled = not launched.plan.has_model_work and not produced
+                    items += produced
             if items:
                 self.to_detok.send(messages.encode(messages.TokenBatch(items=items)))
             self.send_stats(force=not self.engine.has_work())

@@ -1,0 +1,225 @@
+"""Decode step time and prefill MFU of the model runner, as fractions of measured ceilings.
+
+Run on the GPU machine (after ``source scripts/gpu_env.sh``)::
+
+    python3 scripts/bench_gpu_runner.py --out $OUT/runner.json [--profile-dir $OUT]
+
+In the same run it measures the machine's ceilings (device-to-device copy
+bandwidth, dense bf16 matmul rate), then, for the Llama-3.1-8B shape with dummy
+bf16 weights on the serving path (``ModelRunner.launch``: FlashInfer, CUDA graphs):
+
+- decode steps at batch 1, 16, 64, 256 and contexts of 1k and 4k tokens (where the
+  KV cache fits). ``sync`` times one step at a time (host work + device work, the
+  way a strictly alternating loop runs it); ``pipelined`` launches the steps back
+  to back with each step's inputs read on the device from the previous step's
+  samples (the way the overlapped loop runs it). The roofline of a step is the
+  bytes it must read (every weight but the embedding table, and the KV of every
+  context position) over the copy bandwidth;
+- prefill of one 8192-token chunk (and of 8192 tokens after an 8192-token prefix):
+  model FLOPs (2 per matmul parameter per token, attention 4 * heads * head_dim per
+  query-key pair, the LM head for the one sampled row) over time and the matmul peak.
+
+``--profile-dir`` also writes a torch profiler table (CUDA time by kernel) of
+decode steps at batch 64 and of one prefill chunk.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from measure_h200_ceilings import copy_bandwidth, matmul_flops
+
+from engine.runner import ModelRunner, RunnerArgs, StepInputs
+from engine.runner.inputs import FROM_LAST_SAMPLE
+from engine.sampling import SamplingParams
+from engine.scheduler import DecodeSlot, Plan, PrefillChunk
+
+GREEDY = SamplingParams(temperature=0.0)
+PAGE = 16
+
+
+def weight_bytes(runner: ModelRunner) -> int:
+    """Bytes of every parameter a decode step reads (all but the embedding table)."""
+    total = sum(p.numel() * p.element_size() for p in runner.model.parameters())
+    embed = runner.model.model.embed_tokens.weight
+    if runner.model.lm_head is None:  # tied: the table is read whole as the LM head
+        return total
+    return total - embed.numel() * embed.element_size()
+
+
+def decode_plans(batch: int, context: int, steps: int) -> tuple[list[Plan], list[list[int]]]:
+    pages_each = -(-(context + steps) // PAGE)
+    tables = [tuple(range(i * pages_each, (i + 1) * pages_each)) for i in range(batch)]
+    plans = []
+    for s in range(steps):
+        decode = tuple(DecodeSlot(f"r{i}", context - 1 + s, tables[i]) for i in range(batch))
+        plans.append(Plan(s, 0.0, decode=decode))
+    return plans, [[1] * batch]
+
+
+def time_decode(runner: ModelRunner, batch: int, context: int, steps: int = 30) -> dict[str, Any]:
+    plans, _ = decode_plans(batch, context, steps + 10)
+    sp = [GREEDY] * batch
+    first = StepInputs([], [1] * batch, sp, [0] * batch)
+    later = StepInputs([], [FROM_LAST_SAMPLE] * batch, sp, [0] * batch)
+    for plan in plans[:5]:
+        runner.step(plan, first)
+    sync = []
+    for plan in plans[5:10]:
+        t0 = time.perf_counter()
+        runner.step(plan, first)
+        sync.append(time.perf_counter() - t0)
+    torch.cuda.synchronize()
+    runner.step(plans[10], first)
+    t0 = time.perf_counter()
+    handle = None
+    for plan in plans[11 : 11 + steps - 1]:
+        handle = runner.launch(plan, later)
+    assert handle is not None
+    handle.tokens()
+    pipelined = (time.perf_counter() - t0) / (steps - 1)
+    kv_bytes = runner.config.kv_bytes_per_token(2) * batch * (context + 10)
+    roofline = (weight_bytes(runner) + kv_bytes) / CEILINGS["copy_bytes_per_s"]
+    return {
+        "batch": batch,
+        "context": context,
+        "sync_step_s": statistics.median(sync),
+        "pipelined_step_s": pipelined,
+        "roofline_step_s": roofline,
+        "sync_roofline_fraction": roofline / statistics.median(sync),
+        "pipelined_roofline_fraction": roofline / pipelined,
+        "tokens_per_s": batch / pipelined,
+    }
+
+
+def prefill_flops(runner: ModelRunner, tokens: int, prefix: int) -> float:
+    c = runner.config
+    linear = sum(p.numel() for n, p in runner.model.named_parameters() if n.endswith("proj.weight"))
+    pairs = tokens * prefix + tokens * (tokens + 1) // 2
+    attention = 4 * c.num_layers * c.num_heads * c.head_dim * pairs
+    return 2.0 * linear * tokens + attention + 2.0 * c.hidden_size * c.vocab_size
+
+
+def time_prefill(runner: ModelRunner, tokens: int, prefix: int) -> dict[str, Any]:
+    total = prefix + tokens
+    pages = tuple(range(-(-total // PAGE)))
+    ids = [(7 * i) % 30000 + 1 for i in range(total)]
+    times = []
+    for rep in range(6):
+        if prefix:
+            chunk = PrefillChunk(f"p{rep}", 0, prefix, False, pages)
+            runner.step(Plan(0, 0.0, prefill=(chunk,)), StepInputs([ids[:prefix]], [], [], []))
+        chunk = PrefillChunk(f"p{rep}", prefix, tokens, True, pages)
+        plan = Plan(1, 0.0, prefill=(chunk,))
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        runner.step(plan, StepInputs([ids[prefix:]], [], [GREEDY], [0]))
+        times.append(time.perf_counter() - t0)
+    t = statistics.median(times[1:])
+    flops = prefill_flops(runner, tokens, prefix)
+    return {
+        "tokens": tokens,
+        "prefix": prefix,
+        "step_s": t,
+        "tflops_per_s": flops / t / 1e12,
+        "mfu_roofline_fraction": flops / t / CEILINGS["matmul_flops_per_s"],
+    }
+
+
+def profile(runner: ModelRunner, out_dir: Path) -> None:
+    from torch.profiler import ProfilerActivity
+    from torch.profiler import profile as torch_profile
+
+    plans, _ = decode_plans(64, 1024, 12)
+    sp = [GREEDY] * 64
+    inputs = StepInputs([], [1] * 64, sp, [0] * 64)
+    runner.step(plans[0], inputs)
+    with torch_profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        for plan in plans[1:11]:
+            runner.step(plan, inputs)
+    table = prof.key_averages().table(sort_by="cuda_time_total", row_limit=30)
+    (out_dir / "profile_decode_b64.txt").write_text(table)
+    pages = tuple(range(512))
+    chunk = PrefillChunk("prof", 0, 8192, True, pages)
+    ids = [(7 * i) % 30000 + 1 for i in range(8192)]
+    with torch_profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        runner.step(Plan(0, 0.0, prefill=(chunk,)), StepInputs([ids], [], [GREEDY], [0]))
+    table = prof.key_averages().table(sort_by="cuda_time_total", row_limit=30)
+    (out_dir / "profile_prefill_8k.txt").write_text(table)
+
+
+CEILINGS: dict[str, float] = {}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    ap.add_argument("--out", type=Path, required=True)
+    ap.add_argument("--model", default="llama-3.1-8b")
+    ap.add_argument("--profile-dir", type=Path)
+    ap.add_argument("--no-cuda-graph", action="store_true")
+    args = ap.parse_args()
+    copy = copy_bandwidth(4 << 30)
+    mm = matmul_flops(8192)
+    CEILINGS.update(
+        copy_bytes_per_s=copy["read_plus_write_bytes_per_s"], matmul_flops_per_s=mm["flops_per_s"]
+    )
+    print(json.dumps(CEILINGS), flush=True)
+    t0 = time.perf_counter()
+    runner = ModelRunner(
+        RunnerArgs(
+            model=args.model,
+            dummy_weights=True,
+            device="cuda",
+            num_pages=17500,
+            max_running=256,
+            cuda_graph=not args.no_cuda_graph,
+        )
+    )
+    result: dict[str, Any] = {
+        "command": " ".join(["python3", *sys.argv]),
+        "date": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
+        "device": torch.cuda.get_device_name(),
+        "torch": torch.__version__,
+        "model": args.model,
+        "attention_backend": runner.backend_name,
+        "cuda_graphs": runner.graphs is not None,
+        "runner_start_s": time.perf_counter() - t0,
+        "graph_capture_s": runner.graphs.capture_s if runner.graphs else None,
+        "ceilings": {"copy": copy, "matmul_bf16": mm},
+        "weight_bytes_per_decode_step": weight_bytes(runner),
+        "decode": [],
+        "prefill": [],
+    }
+    for context in (1024, 4096):
+        for batch in (1, 16, 64, 256):
+            pages = batch * -(-(context + 50) // PAGE)
+            if pages > runner.num_pages:
+                result["decode"].append(
+                    {"batch": batch, "context": context, "skipped": f"needs {pages} KV pages"}
+                )
+                continue
+            row = time_decode(runner, batch, context)
+            print(json.dumps(row), flush=True)
+            result["decode"].append(row)
+            args.out.write_text(json.dumps(result, indent=1) + "\n")
+    for prefix in (0, 8192):
+        row = time_prefill(runner, 8192, prefix)
+        print(json.dumps(row), flush=True)
+        result["prefill"].append(row)
+    if args.profile_dir:
+        profile(runner, args.profile_dir)
+    args.out.write_text(json.dumps(result, indent=1) + "\n")
+
+
+if __name__ == "__main__":
+    main()
