@@ -11,6 +11,8 @@ import os
 import signal
 import time
 from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -87,6 +89,30 @@ def prompts() -> list[list[int]]:
     return out
 
 
+@contextmanager
+def tp_leader(args: RunnerArgs) -> Iterator[TPLeader]:
+    """Rank 0 here, ranks 1..tp_size-1 as spawned followers; all stopped at the end."""
+    ctx = mp.get_context("spawn")
+    followers = [ctx.Process(target=follower_main, args=(args, r)) for r in range(1, args.tp_size)]
+    for follower in followers:
+        follower.start()
+    leader = None
+    try:
+        leader = TPLeader(args)
+        yield leader
+        leader.shutdown()
+        for follower in followers:
+            follower.join(timeout=30)
+            assert follower.exitcode == 0, f"follower exit code {follower.exitcode}"
+    finally:
+        for follower in followers:
+            if follower.is_alive():
+                follower.kill()
+                follower.join(timeout=10)
+        if leader is not None and torch.distributed.is_initialized():
+            torch.distributed.destroy_process_group()
+
+
 @pytest.fixture
 def tp2_leader(tmp_path: Path) -> Iterator[TPLeader]:
     args = RunnerArgs(
@@ -96,21 +122,8 @@ def tp2_leader(tmp_path: Path) -> Iterator[TPLeader]:
         dist_init=f"file://{tmp_path / 'rendezvous'}",
         cpu_threads=1,
     )
-    follower = mp.get_context("spawn").Process(target=follower_main, args=(args, 1))
-    follower.start()
-    leader = None
-    try:
-        leader = TPLeader(args)
+    with tp_leader(args) as leader:
         yield leader
-        leader.shutdown()
-        follower.join(timeout=30)
-        assert follower.exitcode == 0, f"follower exit code {follower.exitcode}"
-    finally:
-        if follower.is_alive():
-            follower.kill()
-            follower.join(timeout=10)
-        if leader is not None and torch.distributed.is_initialized():
-            torch.distributed.destroy_process_group()
 
 
 @pytest.mark.slow
@@ -121,6 +134,19 @@ def test_tp2_greedy_equals_tp1(tp2_leader: TPLeader, prompts: list[list[int]]) -
     del tp1
     assert tp2_leader.runner.kv.num_kv_heads == 2  # rank 0 holds 2 of the 3 KV heads
     assert _generate(tp2_leader.launch, prompts) == expected
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(180)
+def test_tp4_greedy_equals_tp1(tmp_path: Path) -> None:
+    """Four gloo ranks of the toy Llama (4 query / 2 KV heads: each KV head on two ranks)."""
+    base = RunnerArgs(model="tiny-llama", dummy_weights=True, num_pages=64, cpu_threads=1)
+    prompts = [[(7 * i + j) % 500 + 3 for j in range(n)] for i, n in enumerate((5, 30, 17))]
+    expected = _generate(ModelRunner(base).launch, prompts)
+    args = replace(base, tp_size=4, dist_init=f"file://{tmp_path / 'rendezvous'}")
+    with tp_leader(args) as leader:
+        assert leader.runner.kv.num_kv_heads == 1
+        assert _generate(leader.launch, prompts) == expected
 
 
 def _leader_then_hang(args: RunnerArgs, ready: Path) -> None:

@@ -15,7 +15,9 @@ A step, as ``launch`` runs it::
             -> logits of the sampled rows -> sampling -> tokens copied to pinned memory
 
 Nothing in ``launch`` waits for the device, so the caller can prepare the next
-step while this one runs; ``StepHandle.tokens()`` waits. Every tensor-parallel
+step while this one runs; ``StepHandle.tokens()`` waits. Setting ``step_events``
+to a list makes every launch append a (start, end) pair of CUDA timing events
+around its device work, from which the idle time between steps follows. Every tensor-parallel
 rank runs the same steps, samples the same tokens (identical logits, identical
 generator), and so can feed them to the next step without rank 0.
 """
@@ -144,6 +146,7 @@ class ModelRunner:
         self.pinned = self.device.type == "cuda"
         self._last_rows: dict[str, int] = {}  # rid -> row of the last step's sampled tokens
         self._last_tokens: torch.Tensor | None = None
+        self.step_events: list[tuple[torch.cuda.Event, torch.cuda.Event]] | None = None
         self.graphs: DecodeGraphs | None = None
         if self.device.type == "cuda" and args.cuda_graph and backend.supports_graphs:
             self.graphs = DecodeGraphs(
@@ -207,13 +210,26 @@ class ModelRunner:
     @torch.inference_mode()
     def launch(self, plan: Plan, inputs: StepInputs) -> StepHandle:
         """Start ``plan`` on the device; the handle yields ``plan.sampling_rids()``'s tokens."""
+        start = self._timing_event()
         forward = self._forward(plan, inputs)
         if forward is None:
             return StepHandle(None)
         tokens = self.sampler.sample_tensor(forward.logits, forward.sampling)
         self._last_tokens = tokens
         self._last_rows = {rid: i for i, rid in enumerate(plan.sampling_rids())}
-        return StepHandle(tokens)
+        handle = StepHandle(tokens)
+        end = self._timing_event()
+        if self.step_events is not None and start is not None and end is not None:
+            self.step_events.append((start, end))
+        return handle
+
+    def _timing_event(self) -> torch.cuda.Event | None:
+        """A timing event recorded now, when ``step_events`` collects them (CUDA only)."""
+        if self.step_events is None or self.device.type != "cuda":
+            return None
+        event = torch.cuda.Event(enable_timing=True)  # type: ignore[no-untyped-call]
+        event.record()
+        return event
 
     def step(self, plan: Plan, inputs: StepInputs) -> list[int]:
         """Run ``plan`` and wait; the sampled token of each of ``plan.sampling_rids()``."""

@@ -193,6 +193,25 @@ class Engine:
         """One step, start to end."""
         return self.finish(self.launch())
 
+    def advance(
+        self, in_flight: Launched | None, overlap: bool
+    ) -> tuple[list[messages.TokenItem], Launched | None, bool]:
+        """One iteration of the scheduler loop: launch the next step, then finish the one in
+        flight; with ``overlap`` a launched step with model work stays in flight.
+
+        Returns the token items, the step now in flight, and whether the loop is stalled
+        (work exists but nothing could run, e.g. every waiting request lacks KV pages).
+        """
+        launched = self.launch() if self.has_work() else None
+        items = self.finish(in_flight) if in_flight is not None else []
+        if launched is None:
+            return items, None, False
+        if overlap and launched.plan.has_model_work:
+            return items, launched, False
+        produced = self.finish(launched)
+        stalled = not launched.plan.has_model_work and not produced
+        return items + produced, None, stalled
+
     def _token_item(self, event: TokenOut, now: float) -> messages.TokenItem:
         t = self.tracked[event.rid]
         t.sequence.append(event.token)

@@ -108,18 +108,8 @@ class SchedulerLoop:
             busy = self.engine.has_work() or in_flight is not None
             timeout = (STALLED_POLL_MS if stalled else 0) if busy else IDLE_POLL_MS
             items = self.receive(timeout)
-            stalled = False
-            launched = self.engine.launch() if self.engine.has_work() else None
-            if in_flight is not None:
-                items += self.engine.finish(in_flight)
-                in_flight = None
-            if launched is not None:
-                if self.overlap and launched.plan.has_model_work:
-                    in_flight = launched
-                else:
-                    produced = self.engine.finish(launched)
-                    stalled = not launched.plan.has_model_work and not produced
-                    items += produced
+            produced, in_flight, stalled = self.engine.advance(in_flight, self.overlap)
+            items += produced
             if items:
                 self.to_detok.send(messages.encode(messages.TokenBatch(items=items)))
             self.send_stats(force=not self.engine.has_work())
