@@ -72,7 +72,7 @@ def main() -> None:
         run_s = build(args.requests, args.prompt_len, args.page_size, prefix_cache)
         t0 = time.perf_counter()
         k = run_s.decode_run_length(args.steps)
-        run_s.advance_decode(k, 1.0)
+        run_s.advance_decode(k)
         run_us = (time.perf_counter() - t0) * 1e6
 
     cmd = "python " + " ".join(sys.argv)

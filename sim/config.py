@@ -51,7 +51,7 @@ class SimConfig:
     cpu_profile: str | None = None  # None: the committed profiles/cpu_costs.csv
     # pipeline
     num_tokenizers: int = 1
-    overlap: bool = False  # overlap scheduling: a step costs max(GPU, CPU), not the sum
+    overlap: bool = False  # overlap scheduling: plan step N+1 while step N runs (sim.engine_loop)
     fast_forward: bool = True
     max_run_steps: int = 4096
     seed: int = 0

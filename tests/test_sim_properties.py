@@ -101,7 +101,8 @@ def test_sim_drives_the_core_faithfully(
             assert r.rid in set(done["rid"])
 
     steps = result.steps
-    assert (np.diff(steps["step"]) == 1).all()
+    gaps = np.diff(steps["step"])  # with overlap, a step with no model work has no row
+    assert (gaps == 1).all() if not cfg.overlap else (gaps >= 1).all()
     assert (steps["kv_pages_used"] <= steps["kv_pages_total"]).all()
     assert (result.itl_s >= 0).all()
 
