@@ -112,21 +112,21 @@ class EngineLoop:
         p.handle_events(plan, events, env.now)
 
     def _overlapped(self, plan: Plan, prev: Launched | None) -> Stepping:
+        """Launch ``plan`` once the CPU formed it and the GPU is free, then complete ``prev``
+        when its GPU work ends (both happen at the same time: the GPU start)."""
         p, env, s = self.p, self.env, self.sched
         stats = s.stats()
-        cpu = p.cpu.schedule_time(plan.batch_size)
-        if cpu > 0:
-            yield env.timeout(cpu)
+        launch = env.now + p.cpu.schedule_time(plan.batch_size)
+        start = launch if prev is None else max(launch, prev.end)
         launched = None
         if plan.has_model_work:
-            start = env.now if prev is None else max(env.now, prev.end)
             shape = StepShape.of_plan(plan)
             gpu = p.gpu.step_time(shape)
             p.record_step(plan, shape, start, gpu, stats)
             launched = Launched(plan, start + gpu)
+        if start > env.now:
+            yield env.timeout(start - env.now)
         if prev is not None:
-            if env.now < prev.end:
-                yield env.timeout(prev.end - env.now)
             p.handle_events(prev.plan, s.complete(prev.plan, None), env.now)
         if launched is None:
             p.handle_events(plan, s.complete(plan, None), env.now)

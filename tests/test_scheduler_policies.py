@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
+
 import pytest
 
 from engine.scheduler import (
@@ -196,3 +199,12 @@ def test_duplicate_prefix_pages_computed_together_are_freed() -> None:
     assert a is not None and b is not None
     assert a.pages[:3] == b.pages[:3], "b switched to the cached copy of the prefix"
     assert s.stats().pages_used == used - 3
+
+
+def test_core_imports_no_torch_or_zmq() -> None:
+    code = (
+        "import sys; import engine.scheduler, engine.scheduler.invariants; "
+        "bad = [m for m in ('torch', 'zmq', 'numpy') if m in sys.modules]; "
+        "assert not bad, bad"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True)

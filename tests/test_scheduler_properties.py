@@ -10,7 +10,6 @@ same requests delivers.
 from __future__ import annotations
 
 import copy
-import sys
 import zlib
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -132,22 +131,29 @@ class SchedulerMachine(RuleBasedStateMachine):
     )
     def add(self, prefix: int, suffix: list[int], max_new: int, priority: int, stop: bool) -> None:
         self.now += 0.5
-        rid = f"r{self.n}"
+        prompt = PREFIXES[prefix] + suffix
+        req = Request(
+            rid=f"r{self.n}",
+            prompt_len=len(prompt),
+            prompt=prompt,
+            max_new_tokens=max_new,
+            arrival=self.now,
+            priority=priority,
+            expected_output_len=max_new,
+            stop_token_ids=frozenset({STOP_TOKEN}) if stop else frozenset(),
+        )
         self.n += 1
-        make = _maker(rid, PREFIXES[prefix] + suffix, max_new, priority, stop, self.now)
-        req = make()
         try:
             self.s.add(req)
         except RequestRejected:
-            need = -(-(req.prompt_len + max_new) // self.config.page_size)
-            assert need > self.config.num_pages
+            assert -(-(len(prompt) + max_new) // self.config.page_size) > self.config.num_pages
             try:
-                self.twin.add(make())
+                self.twin.add(fresh(req))
             except RequestRejected:
                 return
             raise AssertionError("twin accepted what the scheduler rejected") from None
-        self.twin.add(make())
-        self.tracked[rid] = Tracked(req, limit=max_new)
+        self.twin.add(fresh(req))
+        self.tracked[req.rid] = Tracked(req, limit=max_new)
 
     @precondition(lambda self: bool(self.tracked))
     @rule(data=st.data())
@@ -343,9 +349,7 @@ class SchedulerMachine(RuleBasedStateMachine):
         kept = {rid: t for rid, t in self.tracked.items() if t.aborted_at_step is None}
         strict = Scheduler(self.config)
         for t in kept.values():
-            r = t.req
-            strict.add(_maker(r.rid, list(r.prompt), r.max_new_tokens, r.priority,
-                              bool(r.stop_token_ids), r.arrival)())  # fmt: skip
+            strict.add(fresh(t.req))
         ended: dict[str, tuple[int, FinishReason]] = {}
         for _ in range(4000):
             if not strict.has_work():
@@ -361,22 +365,18 @@ class SchedulerMachine(RuleBasedStateMachine):
             assert ended[rid] == (t.outputs, t.reason), f"{rid}: strict {ended[rid]}"
 
 
-def _maker(
-    rid: str, prompt: list[int], max_new: int, priority: int, stop: bool, arrival: float
-) -> Callable[[], Request]:
-    def make() -> Request:
-        return Request(
-            rid=rid,
-            prompt_len=len(prompt),
-            prompt=list(prompt),
-            max_new_tokens=max_new,
-            arrival=arrival,
-            priority=priority,
-            expected_output_len=max_new,
-            stop_token_ids=frozenset({STOP_TOKEN}) if stop else frozenset(),
-        )
-
-    return make
+def fresh(r: Request) -> Request:
+    """A new request with ``r``'s parameters and none of its state."""
+    return Request(
+        rid=r.rid,
+        prompt_len=r.prompt_len,
+        prompt=list(r.prompt),
+        max_new_tokens=r.max_new_tokens,
+        arrival=r.arrival,
+        priority=r.priority,
+        expected_output_len=r.expected_output_len,
+        stop_token_ids=r.stop_token_ids,
+    )
 
 
 def _state(s: Scheduler) -> object:
@@ -398,14 +398,3 @@ SchedulerMachine.TestCase.settings = settings(
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much],
 )
 TestSchedulerMachine = SchedulerMachine.TestCase
-
-
-def test_core_imports_no_torch_or_zmq() -> None:
-    import subprocess
-
-    code = (
-        "import sys; import engine.scheduler, engine.scheduler.invariants; "
-        "bad = [m for m in ('torch', 'zmq', 'numpy') if m in sys.modules]; "
-        "assert not bad, bad"
-    )
-    subprocess.run([sys.executable, "-c", code], check=True)

@@ -64,6 +64,7 @@ configs = st.fixed_dictionaries(
         "policy": st.sampled_from(sorted(POLICIES)),
         "prefix_cache": st.booleans(),
         "overlap": st.booleans(),
+        "reserve_decode": st.booleans(),
         "fast_forward": st.booleans(),
         "num_tokenizers": st.integers(1, 3),
         "model": st.sampled_from(["smollm2-135m", "llama-3.1-8b"]),

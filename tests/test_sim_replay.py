@@ -79,19 +79,21 @@ def _frames(
     return result.requests, result.steps
 
 
+@pytest.mark.parametrize("overlap", [False, True])
 @pytest.mark.parametrize(
     ("trace", "config"),
     [
         ("azure_conv.csv", {}),
-        ("azure_code.csv", {"overlap": True, "num_tokenizers": 2}),
+        ("azure_code.csv", {"num_tokenizers": 2}),
         ("mooncake_conversation.jsonl", {"model": "qwen3-0.6b", "num_pages": 3000}),
         ("azure_conv.csv", {"num_pages": 600, "max_running": 8, "policy": "sjf"}),
+        ("azure_conv.csv", {"num_pages": 600, "reserve_decode": True}),
     ],
 )
-def test_fast_forward_changes_nothing(trace: str, config: dict[str, object]) -> None:
+def test_fast_forward_changes_nothing(trace: str, config: dict[str, object], overlap: bool) -> None:
     path = ROOT / "traces" / trace
-    on_req, on_steps = _frames(path, 150, 6.0, fast_forward=True, **config)
-    off_req, off_steps = _frames(path, 150, 6.0, fast_forward=False, **config)
+    on_req, on_steps = _frames(path, 150, 6.0, fast_forward=True, overlap=overlap, **config)
+    off_req, off_steps = _frames(path, 150, 6.0, fast_forward=False, overlap=overlap, **config)
     assert (on_req["status"] == off_req["status"]).all()
     np.testing.assert_array_equal(on_req["output_tokens"], off_req["output_tokens"])
     np.testing.assert_array_equal(on_req["num_preemptions"], off_req["num_preemptions"])
@@ -134,7 +136,10 @@ def test_overload_is_reported_not_dropped(tmp_path: Path) -> None:
     assert result.summary["rejected"] == 3 and len(result.summary["rejected_reasons"]) == 3
 
 
-def test_preemption_under_page_pressure_completes_identically(tmp_path: Path) -> None:
+@pytest.mark.parametrize("overlap", [False, True])
+def test_preemption_under_page_pressure_completes_identically(
+    tmp_path: Path, overlap: bool
+) -> None:
     trace = tmp_path / "burst.jsonl"
     rows = [
         {"timestamp": i, "input_length": 40 + i, "output_length": 120 + 7 * i} for i in range(6)
@@ -142,7 +147,9 @@ def test_preemption_under_page_pressure_completes_identically(tmp_path: Path) ->
     trace.write_text("".join(json.dumps(r) + "\n" for r in rows))
     results = {
         ff: run_replay(
-            load_trace(trace), build_config(num_pages=30, fast_forward=ff), progress=False
+            load_trace(trace),
+            build_config(num_pages=30, fast_forward=ff, overlap=overlap),
+            progress=False,
         )
         for ff in (True, False)
     }

@@ -11,8 +11,8 @@ from engine.scheduler.plan import *  # noqa: F403  (the plan types; see plan.__a
 from engine.scheduler.plan import __all__ as _plan_names
 from engine.scheduler.policy import POLICIES, Policy, get_policy
 from engine.scheduler.radix import RadixCache
-from engine.scheduler.request import Request, RequestStatus
-from engine.scheduler.scheduler import RequestRejected, Scheduler
+from engine.scheduler.request import Request, RequestRejected, RequestStatus
+from engine.scheduler.scheduler import Scheduler
 
 __all__ = [
     *_plan_names,

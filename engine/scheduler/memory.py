@@ -82,14 +82,9 @@ class KVMemory:
         req.num_shared_pages = len(shared)
         req.num_planned = req.num_cached = len(shared) * self.page_size
 
-    def make_room(self, need: int) -> None:
-        """Evict unreferenced cache pages until ``need`` pages are free (or nothing is left)."""
-        short = need - self.allocator.num_free
-        if short > 0 and self.cache is not None:
-            self.cache.evict(short)
-
-    def evict(self, need: int) -> bool:
-        """Evict toward ``need`` free pages; whether anything was evicted."""
+    def make_room(self, need: int) -> bool:
+        """Evict unreferenced cache pages, LRU first, toward ``need`` free pages; whether any
+        were evicted."""
         short = need - self.allocator.num_free
         return self.cache is not None and short > 0 and self.cache.evict(short) > 0
 

@@ -24,6 +24,8 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import TYPE_CHECKING
 
+from engine.scheduler.config import SchedulerConfig
+from engine.scheduler.pages import pages_for
 from engine.scheduler.plan import FinishReason
 from engine.scheduler.radix import PageKey
 
@@ -139,3 +141,30 @@ class Request:
         # page i of block h gets the integer key h * per_block + i: unique, cheap to compare
         keys: list[PageKey] = [h * per_block + i for h in blocks for i in range(per_block)]
         return keys[:n]
+
+
+class RequestRejected(ValueError):
+    """A request that can never be served under this configuration."""
+
+
+def check_servable(req: Request, config: SchedulerConfig) -> None:
+    """Raise ``RequestRejected`` unless ``req`` can be served alone under ``config``."""
+    ps = config.page_size
+    if req.prompt_len < 1:
+        raise RequestRejected(f"request {req.rid}: empty prompt")
+    if req.max_new_tokens < 1:
+        raise RequestRejected(f"request {req.rid}: max_new_tokens must be >= 1")
+    if req.prompt and len(req.prompt) != req.prompt_len:
+        raise RequestRejected(
+            f"request {req.rid}: prompt_len {req.prompt_len} != len(prompt) {len(req.prompt)}"
+        )
+    if req.block_hashes and req.block_size % ps:
+        raise RequestRejected(
+            f"request {req.rid}: block size {req.block_size} is not a multiple of page size {ps}"
+        )
+    need = pages_for(req.prompt_len + req.max_new_tokens, ps)
+    if need > config.num_pages:
+        raise RequestRejected(
+            f"request {req.rid}: prompt ({req.prompt_len}) + max_new_tokens "
+            f"({req.max_new_tokens}) needs {need} KV pages, the cache has {config.num_pages}"
+        )

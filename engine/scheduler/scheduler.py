@@ -41,7 +41,6 @@ from engine.scheduler import decode_run
 from engine.scheduler.config import SchedulerConfig, SchedulerStats
 from engine.scheduler.inflight import InFlight
 from engine.scheduler.memory import HeldPages, KVMemory
-from engine.scheduler.pages import pages_for
 from engine.scheduler.plan import (
     PLACEHOLDER_TOKEN,
     Blocked,
@@ -56,12 +55,8 @@ from engine.scheduler.plan import (
     TokenOut,
 )
 from engine.scheduler.policy import Key, get_policy
-from engine.scheduler.request import Request, RequestStatus
+from engine.scheduler.request import Request, RequestRejected, RequestStatus, check_servable
 from engine.scheduler.reservation import DecodeReservation
-
-
-class RequestRejected(ValueError):
-    """A request that can never be served under this configuration."""
 
 
 class Scheduler:
@@ -84,29 +79,9 @@ class Scheduler:
     # ------------------------------------------------------------------ requests
     def add(self, req: Request) -> None:
         """Queue a request. Raises ``RequestRejected`` if it can never be served."""
-        ps = self.page_size
         if req.rid in self.requests:
             raise RequestRejected(f"duplicate request id {req.rid!r}")
-        if req.prompt_len < 1:
-            raise RequestRejected(f"request {req.rid}: empty prompt")
-        if req.max_new_tokens < 1:
-            raise RequestRejected(f"request {req.rid}: max_new_tokens must be >= 1")
-        if req.prompt and len(req.prompt) != req.prompt_len:
-            raise RequestRejected(
-                f"request {req.rid}: prompt_len {req.prompt_len} != len(prompt) {len(req.prompt)}"
-            )
-        if req.block_hashes and req.block_size % ps:
-            raise RequestRejected(
-                f"request {req.rid}: block size {req.block_size} is not a multiple of "
-                f"page size {ps}"
-            )
-        need = pages_for(req.prompt_len + req.max_new_tokens, ps)
-        if need > self.config.num_pages:
-            raise RequestRejected(
-                f"request {req.rid}: prompt ({req.prompt_len}) + max_new_tokens "
-                f"({req.max_new_tokens}) needs {need} KV pages, the cache has "
-                f"{self.config.num_pages}"
-            )
+        check_servable(req, self.config)
         req.status = RequestStatus.WAITING
         req.seq = self._seq
         self._seq += 1
@@ -201,16 +176,16 @@ class Scheduler:
         in flight completes) is not placed again.
         """
         placed: list[Request] = []
-        for req in [r for r in self.running.values() if r.status is RequestStatus.DECODING]:
-            if self.running.get(req.rid) is not req:
+        running, ps = self.running, self.page_size
+        for req in [r for r in running.values() if r.status is RequestStatus.DECODING]:
+            if running.get(req.rid) is not req:
                 continue  # preempted earlier in this loop
             if req.planned_outputs >= req.max_new_tokens:
                 continue
-            need = pages_for(req.num_planned + 1, self.page_size) - len(req.pages)
-            if need > 0:
-                if not self._reserve(need, req, preempted):
+            if req.num_planned >= len(req.pages) * ps:  # the next position starts a page
+                if not self._reserve(1, req, preempted):
                     continue
-                self.memory.grow(req, need)
+                self.memory.grow(req, 1)
             placed.append(req)
         gone = set(preempted)
         return [r for r in placed if r.rid not in gone]
@@ -225,7 +200,7 @@ class Scheduler:
         """
         memory = self.memory
         while memory.num_free < need:
-            if memory.evict(need):
+            if memory.make_room(need):
                 continue
             finishing = [
                 r
@@ -346,7 +321,8 @@ class Scheduler:
         return events
 
     def _placed_in(self, rid: str, step: int) -> Request | None:
-        """The running request that plan ``step`` placed as ``rid``, if it is still there."""
+        """The running request that plan ``step`` placed as ``rid``, if it is still there (not
+        ended, aborted or admitted again since)."""
         req = self.running.get(rid)
         if req is None or req.status is RequestStatus.ABORTED or req.admitted_at > step:
             return None
