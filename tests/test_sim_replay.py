@@ -10,6 +10,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
+from sim.calls import replay_calls
 from sim.cli import main
 from sim.config import build_config
 from sim.metrics import REQUEST_COLUMNS
@@ -160,6 +161,31 @@ def test_preemption_under_page_pressure_completes_identically(
     np.testing.assert_array_equal(on["num_preemptions"], off["num_preemptions"])
     np.testing.assert_allclose(on["finished"], off["finished"], rtol=1e-9)
     assert results[True].summary["fast_forward"]["runs"] > 0
+
+
+@pytest.mark.parametrize("overlap", [False, True])
+def test_the_engine_loop_s_calls_replay_on_a_fresh_core(overlap: bool) -> None:
+    config = build_config(num_pages=400, overlap=overlap)
+    trace = load_trace(ROOT / "traces" / "azure_conv.csv", limit=60, rate_scale=8.0)
+    result = run_replay(trace, config, record_calls=True, progress=False)
+    outstanding: list[int] = []
+    most = 0
+    for call in result.scheduler.calls:
+        if call.name == "schedule":
+            assert len(outstanding) <= (1 if overlap else 0), "schedule with too much in flight"
+            outstanding.append(call.result.step)
+        elif call.name == "complete":
+            assert call.args[0] == outstanding.pop(0), "plans complete in the order made"
+        elif call.name == "advance_decode":  # with a plan in flight, the run's last stays
+            in_flight = call.result.in_flight
+            assert len(outstanding) == (in_flight is not None)
+            outstanding = [in_flight.step] if in_flight is not None else []
+        most = max(most, len(outstanding))
+    assert most == (2 if overlap else 1) and not outstanding
+    assert replay_calls(result.scheduler.calls, config.scheduler_config()) == []
+    steps = result.steps  # one GPU: a step starts after the previous one ends
+    ends = (steps["time"] + steps["duration_s"]).to_numpy()
+    assert (steps["time"].to_numpy()[1:] >= ends[:-1] - 1e-12).all()
 
 
 def test_the_simulator_imports_no_torch() -> None:

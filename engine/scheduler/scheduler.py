@@ -183,37 +183,37 @@ class Scheduler:
             if req.planned_outputs >= req.max_new_tokens:
                 continue
             if req.num_planned >= len(req.pages) * ps:  # the next position starts a page
-                if not self._reserve(1, req, preempted):
+                if not self._free_a_page(req, preempted):
                     continue
                 self.memory.grow(req, 1)
             placed.append(req)
         gone = set(preempted)
         return [r for r in placed if r.rid not in gone]
 
-    def _reserve(self, need: int, requester: Request, preempted: list[str]) -> bool:
-        """Make ``need`` pages free for ``requester``; False if it is not placed this step.
+    def _free_a_page(self, requester: Request, preempted: list[str]) -> bool:
+        """Make a page free for ``requester``'s next position; False if it sits this step out.
 
         Evicts first. Pages that come back when the plan in flight completes
         (held pages, and those of requests finishing with it) are waited for
         rather than preempting anyone. Otherwise the policy's victim among the
-        requests not finishing is preempted.
+        requests not finishing is preempted (possibly ``requester`` itself).
         """
         memory = self.memory
-        while memory.num_free < need:
-            if memory.make_room(need):
+        while memory.num_free < 1:
+            if memory.make_room(1):
                 continue
-            finishing = [
-                r
+            finishing = {
+                r.rid: r
                 for r in self.running.values()
                 if r.status is RequestStatus.DECODING and r.planned_outputs >= r.max_new_tokens
-            ]
-            soon = self.in_flight.pending_pages() + sum(
-                len(r.pages) - r.num_shared_pages for r in finishing
-            )
-            if soon >= need - memory.num_free:
+            }
+            soon = self.in_flight.pending_pages()
+            soon += sum(len(r.pages) - r.num_shared_pages for r in finishing.values())
+            if soon > 0:
                 return False
-            ending = {r.rid for r in finishing}
-            victim = self.policy.victim([r for r in self.running.values() if r.rid not in ending])
+            victim = self.policy.victim(
+                [r for r in self.running.values() if r.rid not in finishing]
+            )
             self._preempt(victim)
             preempted.append(victim.rid)
             if victim is requester:
