@@ -7,7 +7,8 @@ the step's tokens leave when it ends. A step costs CPU + GPU.
 Overlap scheduling (``overlap``) makes the engine's calls in the engine's
 order, with at most one plan in flight when ``schedule`` is called::
 
-    iteration i:   plan_i = schedule(now)          CPU: schedule + inputs (the CPU cost)
+    iteration i:   plan_i = schedule(now)          CPU: the scheduler's time of a step
+                                                   (the profile's schedule + complete)
                    launch plan_i                   GPU: starts when the CPU launched it and
                                                         plan_{i-1} has ended
                    complete(plan_{i-1})            waits for plan_{i-1}'s GPU end; its tokens
