@@ -88,9 +88,9 @@ class KVMemory:
         short = need - self.allocator.num_free
         return self.cache is not None and short > 0 and self.cache.evict(short) > 0
 
-    def grow(self, req: Request, n: int) -> None:
-        """Append ``n`` free pages to ``req``'s page table."""
-        req.pages = (*req.pages, *self.allocator.alloc(n))
+    def add_page(self, req: Request) -> None:
+        """Append a free page to ``req``'s page table."""
+        req.pages = (*req.pages, *self.allocator.alloc(1))
 
     def share_prefix(self, req: Request, computed: int, tick: int) -> HeldPages | None:
         """Hand the full pages of ``req``'s first ``computed`` positions to the cache (``req``

@@ -26,7 +26,6 @@ from typing import TYPE_CHECKING
 
 from engine.scheduler.config import SchedulerConfig
 from engine.scheduler.pages import pages_for
-from engine.scheduler.plan import FinishReason
 from engine.scheduler.radix import PageKey
 
 if TYPE_CHECKING:
@@ -74,8 +73,6 @@ class Request:
     admitted_at: int = 0  # the step that last admitted it; earlier plans' slots are stale
     last_plan: int = 0  # the latest step whose plan places it
     first_scheduled: float | None = None  # ``now`` of the step that first admitted it
-    finish_reason: FinishReason | None = None
-    num_preemptions: int = 0
     cache_node: RadixNode | None = None  # the locked radix node of the shared prefix
     _prompt_keys: list[PageKey] | None = field(default=None, repr=False)
     _keys_page_size: int = field(default=0, repr=False)

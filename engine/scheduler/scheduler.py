@@ -94,7 +94,6 @@ class Scheduler:
         if req is None or req.status is RequestStatus.ABORTED:
             return False
         req.status = RequestStatus.ABORTED
-        req.finish_reason = FinishReason.ABORT
         self._aborted.append(req)
         return True
 
@@ -185,7 +184,7 @@ class Scheduler:
             if req.num_planned >= len(req.pages) * ps:  # the next position starts a page
                 if not self._free_a_page(req, preempted):
                     continue
-                self.memory.grow(req, 1)
+                self.memory.add_page(req)
             placed.append(req)
         gone = set(preempted)
         return [r for r in placed if r.rid not in gone]
@@ -287,7 +286,6 @@ class Scheduler:
         del self.running[req.rid]
         self._release(req)
         req.status = RequestStatus.WAITING
-        req.num_preemptions += 1
         self._enqueue(req)
         self.reservation.reset()
 
@@ -339,7 +337,6 @@ class Scheduler:
 
     def _finish(self, req: Request, reason: FinishReason, events: list[Event]) -> None:
         req.status = RequestStatus.FINISHED
-        req.finish_reason = reason
         del self.running[req.rid]
         del self.requests[req.rid]
         self._release(req)
