@@ -63,7 +63,7 @@ def decode_plans(batch: int, context: int, steps: int) -> tuple[list[Plan], list
     plans = []
     for s in range(steps):
         decode = tuple(DecodeSlot(f"r{i}", context - 1 + s, tables[i]) for i in range(batch))
-        plans.append(Plan(s, 0.0, decode=decode))
+        plans.append(Plan(s, decode=decode))
     return plans, [[1] * batch]
 
 
@@ -118,9 +118,9 @@ def time_prefill(runner: ModelRunner, tokens: int, prefix: int) -> dict[str, Any
     for rep in range(6):
         if prefix:
             chunk = PrefillChunk(f"p{rep}", 0, prefix, False, pages)
-            runner.step(Plan(0, 0.0, prefill=(chunk,)), StepInputs([ids[:prefix]], [], [], []))
+            runner.step(Plan(0, prefill=(chunk,)), StepInputs([ids[:prefix]], [], [], []))
         chunk = PrefillChunk(f"p{rep}", prefix, tokens, True, pages)
-        plan = Plan(1, 0.0, prefill=(chunk,))
+        plan = Plan(1, prefill=(chunk,))
         torch.cuda.synchronize()
         t0 = time.perf_counter()
         runner.step(plan, StepInputs([ids[prefix:]], [], [GREEDY], [0]))
@@ -153,7 +153,7 @@ def profile(runner: ModelRunner, out_dir: Path) -> None:
     chunk = PrefillChunk("prof", 0, 8192, True, pages)
     ids = [(7 * i) % 30000 + 1 for i in range(8192)]
     with torch_profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
-        runner.step(Plan(0, 0.0, prefill=(chunk,)), StepInputs([ids], [], [GREEDY], [0]))
+        runner.step(Plan(0, prefill=(chunk,)), StepInputs([ids], [], [GREEDY], [0]))
     table = prof.key_averages().table(sort_by="cuda_time_total", row_limit=30)
     (out_dir / "profile_prefill_8k.txt").write_text(table)
 

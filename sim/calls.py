@@ -2,7 +2,10 @@
 
 The recording is the proof that the simulator only drives the core: replaying
 the same calls on a new ``Scheduler`` must give the same plans, events and
-decode runs, with no second implementation of any decision.
+decode runs, with no second implementation of any decision. ``complete`` is
+recorded by the step of its plan, so overlapped calls (``schedule`` of step
+N+1 before ``complete`` of step N, a decode run that leaves its last plan in
+flight) replay in their order too.
 """
 
 from __future__ import annotations
@@ -74,9 +77,9 @@ class RecordingScheduler:
         self.calls.append(Call("decode_run_length", (max_steps,), k))
         return k
 
-    def advance_decode(self, k: int, now: float) -> DecodeRun:
-        run = self.inner.advance_decode(k, now)
-        self.calls.append(Call("advance_decode", (k, now), run))
+    def advance_decode(self, k: int) -> DecodeRun:
+        run = self.inner.advance_decode(k)
+        self.calls.append(Call("advance_decode", (k,), run))
         return run
 
 
@@ -104,6 +107,8 @@ def replay_calls(calls: list[Call], config: SchedulerConfig) -> list[str]:
             got = s.decode_run_length(*call.args)
         elif call.name == "advance_decode":
             got = s.advance_decode(*call.args)
+            if got.in_flight is not None:
+                plans[got.in_flight.step] = got.in_flight
         else:
             raise ValueError(f"unknown call {call.name!r}")
         if got != call.result:

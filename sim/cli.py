@@ -29,7 +29,13 @@ def _replay_args(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> No
         "--overlap",
         action=argparse.BooleanOptionalAction,
         default=None,
-        help="overlap scheduling: a step costs max(GPU, CPU) instead of the sum",
+        help="overlap scheduling: plan step N+1 while step N runs on the GPU",
+    )
+    p.add_argument(
+        "--reserve-decode",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="admission reserves room for decode growth (new-token ratio)",
     )
     p.add_argument(
         "--fast-forward",

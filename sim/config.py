@@ -45,13 +45,17 @@ class SimConfig:
     max_prefill_tokens: int = 8192
     policy: str = "fcfs"
     prefix_cache: bool = True
+    reserve_decode: bool = False  # admission reserves decode growth (the new-token ratio)
+    init_new_token_ratio: float = 0.7
+    min_new_token_ratio: float = 0.098
+    new_token_ratio_decay_steps: int = 600
     # costs
     cost_model: str = "roofline"
     profile: str | None = None
     cpu_profile: str | None = None  # None: the committed profiles/cpu_costs.csv
     # pipeline
     num_tokenizers: int = 1
-    overlap: bool = False  # overlap scheduling: a step costs max(GPU, CPU), not the sum
+    overlap: bool = False  # overlap scheduling: plan step N+1 while step N runs (sim.engine_loop)
     fast_forward: bool = True
     max_run_steps: int = 4096
     seed: int = 0
@@ -75,10 +79,13 @@ class SimConfig:
             "max_prefill_tokens",
             "num_tokenizers",
             "max_run_steps",
+            "new_token_ratio_decay_steps",
         ):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"{name} must be a positive integer, got {value!r}")
+        if not 0 <= self.min_new_token_ratio <= self.init_new_token_ratio <= 1:
+            raise ValueError("need 0 <= min_new_token_ratio <= init_new_token_ratio <= 1")
         if not 0 < self.gpu_memory_fraction <= 1:
             raise ValueError("gpu_memory_fraction must be in (0, 1]")
         if self.num_pages is not None and self.num_pages < 1:
@@ -121,6 +128,10 @@ class SimConfig:
             max_prefill_tokens=self.max_prefill_tokens,
             policy=self.policy,
             prefix_cache=self.prefix_cache,
+            reserve_decode=self.reserve_decode,
+            init_new_token_ratio=self.init_new_token_ratio,
+            min_new_token_ratio=self.min_new_token_ratio,
+            new_token_ratio_decay_steps=self.new_token_ratio_decay_steps,
         )
 
     def cost_spec(self, profile: Profile | None) -> CostSpec:

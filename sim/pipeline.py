@@ -5,18 +5,14 @@ Stages of a request, each with its queue::
     arrival ─► frontend (queue) ─► IPC ─► tokenizer pool (queue) ─► IPC ─► scheduler (queue)
         ─► GPU steps ─► IPC ─► detokenizer (queue) ─► IPC ─► client
 
-The engine loop is one SimPy process: it adds the requests that reached the
-scheduler, calls ``schedule(now)``, waits the step's cost-model time (GPU plus
-scheduler CPU, or their max with overlap scheduling), then ``complete``. When
-the core says the next k steps are identical pure-decode steps, the loop prices
-all k with numpy and waits for the run's end or for a new request reaching the
-scheduler, whichever comes first; interrupted at t, it applies the steps that
-started before t (the one in flight included) and carries on. Decisions and
-times equal those of stepping one by one.
+The scheduler process is ``sim.engine_loop.EngineLoop``: it adds the requests
+that reached the scheduler and makes the core's calls in the engine's order,
+strict or overlapped, fast-forwarding runs of identical decode steps.
 
-Token times: a step's tokens leave the GPU at the step's end, travel to the
-detokenizer (an exact FIFO queue, see ``DetokenizerQueue``), and reach the
-client one IPC hop later; that client time is what TTFT, ITL and E2E use.
+Token times: a step's tokens leave the engine when its plan is completed,
+travel to the detokenizer (an exact FIFO queue, see ``DetokenizerQueue``), and
+reach the client one IPC hop later; that client time is what TTFT, ITL and E2E
+use.
 """
 
 from __future__ import annotations
@@ -34,10 +30,12 @@ from engine.scheduler import (
     Preempted,
     Request,
     RequestRejected,
+    SchedulerStats,
     TokenOut,
 )
 from sim.costs.base import CpuCosts, GpuCostModel, StepShape
 from sim.detokenizer import DetokenizerQueue
+from sim.engine_loop import EngineLoop
 from sim.steplog import StepLog
 from sim.traces.record import TraceRequest
 
@@ -117,7 +115,7 @@ class Pipeline:
     # ------------------------------------------------------------------ driving
     def run(self) -> None:
         self.env.process(self._arrivals())
-        engine = self.env.process(self._engine())
+        engine = self.env.process(EngineLoop(self).run())
         self.env.run(until=engine)
 
     def _arrivals(self) -> Generator[simpy.Event, Any, None]:
@@ -147,7 +145,7 @@ class Pipeline:
         times["sched_arrival"][i] = env.now
         self._not_arrived -= 1
         self._inbox.append(i)
-        self._sample_scheduler_queue(env.now)
+        self.sample_scheduler_queue(env.now)
         if self._wake is not None and not self._wake.triggered:
             self._wake.succeed()
 
@@ -163,41 +161,17 @@ class Pipeline:
         waiting[stage] -= 1
         self.queue_samples.append((self.env.now, stage, waiting[stage]))
 
-    def _wait_for_arrival(self) -> simpy.Event:
+    def wait_for_arrival(self) -> simpy.Event:
         self._wake = self.env.event()
         return self._wake
 
-    # ------------------------------------------------------------------ engine loop
-    def _engine(self) -> Generator[simpy.Event, Any, None]:
-        env, s = self.env, self.sched
-        while True:
-            if self._inbox:
-                self._admit_inbox()
-            if not s.has_work():
-                if self._not_arrived == 0 and not self._inbox:
-                    return
-                yield self._wait_for_arrival()
-                continue
-            if self.fast_forward:
-                k = s.decode_run_length(self.max_run_steps)
-                if k >= 2:
-                    yield from self._decode_run(k)
-                    continue
-            plan = s.schedule(env.now)
-            self._sample_scheduler_queue(env.now)
-            if not plan.has_model_work:
-                self._handle_events(plan, s.complete(plan, None), env.now)
-                if s.has_work() and self._not_arrived == 0 and not self._inbox:
-                    raise RuntimeError(
-                        f"the scheduler makes no progress at t={env.now:.6f}: "
-                        f"{s.num_waiting} waiting, {s.num_running} running, nothing arriving"
-                    )
-                if s.has_work():
-                    yield self._wait_for_arrival()
-                continue
-            yield from self._step(plan)
+    # ------------------------------------------------------------------ for the engine loop
+    def nothing_to_come(self) -> bool:
+        """No request is on its way to the scheduler."""
+        return self._not_arrived == 0 and not self._inbox
 
-    def _admit_inbox(self) -> None:
+    def admit_inbox(self) -> None:
+        """Add the requests that reached the scheduler; reject those it can never serve."""
         s, times = self.sched, self.times
         for i in self._inbox:
             tr = self.trace[i]
@@ -222,22 +196,19 @@ class Pipeline:
             self.reqs[i] = req
         self._inbox = []
 
-    def _step(self, plan: Plan) -> Generator[simpy.Event, Any, None]:
-        env, s = self.env, self.sched
-        start = env.now
-        shape = StepShape.of_plan(plan)
-        gpu = self.gpu.step_time(shape)
-        cpu = self.cpu.schedule_time(plan.batch_size)
-        duration = max(gpu, cpu) if self.overlap else gpu + cpu
-        stats = s.stats()
+    def note_scheduled(self, plan: Plan) -> None:
+        """First admission of a request: when (the core's stamp) and its prefix-cache hit."""
+        first = self.times["first_scheduled"]
         for chunk in plan.prefill:
             i = self.index[chunk.rid]
-            if math.isnan(self.times["first_scheduled"][i]):
-                self.times["first_scheduled"][i] = start
-                req = self.reqs[i]
-                self.cached_tokens[i] = req.num_cached if req is not None else 0
-        yield env.timeout(duration)
-        events = s.complete(plan, None)
+            req = self.reqs[i]
+            if math.isnan(first[i]) and req is not None and req.first_scheduled is not None:
+                first[i] = req.first_scheduled
+                self.cached_tokens[i] = req.num_cached
+
+    def record_step(
+        self, plan: Plan, shape: StepShape, start: float, duration: float, stats: SchedulerStats
+    ) -> None:
         self.steps.add(
             plan.step,
             start,
@@ -250,13 +221,13 @@ class Pipeline:
             stats.num_waiting,
             stats.num_running,
             len(plan.preempted),
-            plan.blocked,
+            plan.blocked.value,
             stats.cached_tokens,
             stats.prompt_tokens,
         )
-        self._handle_events(plan, events, env.now)
 
-    def _handle_events(self, plan: Plan, events: list[Any], end: float) -> None:
+    def handle_events(self, plan: Plan, events: list[Any], end: float) -> None:
+        """The events of ``plan``'s completion; its tokens leave the engine at ``end``."""
         ntokens = sum(1 for e in events if type(e) is TokenOut)
         client = detok = NAN
         if ntokens:
@@ -284,56 +255,17 @@ class Pipeline:
             elif kind is Preempted:
                 self.preemptions[i] += 1
 
-    def _end_request(self) -> None:
-        self._done += 1
-        self.progress.update(1)
-
-    def _sample_scheduler_queue(self, now: float) -> None:
-        waiting = self.sched.num_waiting + len(self._inbox)
-        if waiting != self._sched_waiting:
-            self._sched_waiting = waiting
-            self.queue_samples.append((now, "scheduler", waiting))
-
-    # ------------------------------------------------------------------ decode runs
-    def _decode_run(self, k: int) -> Generator[simpy.Event, Any, None]:
-        env, s = self.env, self.sched
-        now = env.now
-        running = list(s.running.values())
-        batch = len(running)
-        context = sum(r.num_computed for r in running)
-        gpu = self.gpu.decode_times(batch, context + batch, k)
-        cpu = self.cpu.schedule_time(batch)
-        durations = np.maximum(gpu, cpu) if self.overlap else gpu + cpu
-        clock = np.cumsum(np.concatenate(([now], durations)))
-        starts, ends = clock[:-1], clock[1:]
-        j = k
-        if self._not_arrived > 0 or self._inbox:
-            wake = self._wait_for_arrival()
-            done = env.timeout(float(ends[-1]) - now)
-            yield wake | done
-            if not done.processed:
-                j = max(1, int(np.searchsorted(starts, env.now, side="left")))
-        stats = s.stats()
-        run = s.advance_decode(j, now)
-        if run.context_tokens != context or run.rids != tuple(r.rid for r in running):
-            raise RuntimeError("decode run differs from the running set the sim priced")
-        self.num_runs += 1
-        if env.now < ends[j - 1]:
-            yield env.timeout(float(ends[j - 1]) - env.now)
-        self._record_run(run, starts[:j], durations[:j], stats)
-
-    def _record_run(self, run: Any, starts: np.ndarray, durations: np.ndarray, stats: Any) -> None:
-        j = run.k
-        self.steps_in_runs += j
-        batch = len(run.rids)
-        ends = starts + durations
-        arrive = ends + self.cpu.ipc
+    def tokens_of_run(self, rids: tuple[str, ...], leave: np.ndarray) -> None:
+        """One token per request in ``rids`` leaving the engine at each time of ``leave``."""
+        batch = len(rids)
+        arrive = leave + self.cpu.ipc
         depart = self.detok.serve_run(arrive, batch)
         client = depart + self.cpu.ipc
         detok_total = float(np.sum(depart - arrive))
         last, out, detok = self.last_chunk, self.output_tokens, self.detokenize_s
         first_client = float(client[0])
-        for rid in run.rids:
+        j = len(leave)
+        for rid in rids:
             i = self.index[rid]
             self.itl_single.append(first_client - last[i])
             last[i] = float(client[-1])
@@ -341,27 +273,16 @@ class Pipeline:
             detok[i] += detok_total
         if j > 1:
             self.itl_runs.append((np.diff(client), batch))
-        steps = np.arange(run.first_step, run.first_step + j)
-        context = run.context_tokens + batch * np.arange(1, j + 1)
-        pages = stats.pages_held + np.cumsum(np.asarray(run.new_pages, dtype=np.int64))
-        self.steps.add_run(
-            {
-                "step": steps,
-                "time": starts,
-                "duration_s": durations,
-                "batch_size": batch,
-                "prefill_tokens": 0,
-                "decode_requests": batch,
-                "context_tokens": context,
-                "kv_pages_used": pages,
-                "num_waiting": stats.num_waiting,
-                "num_running": stats.num_running,
-                "preempted": 0,
-                "blocked": run.blocked,
-                "cached_tokens": stats.cached_tokens,
-                "prompt_tokens": stats.prompt_tokens,
-            }
-        )
+
+    def _end_request(self) -> None:
+        self._done += 1
+        self.progress.update(1)
+
+    def sample_scheduler_queue(self, now: float) -> None:
+        waiting = self.sched.num_waiting + len(self._inbox)
+        if waiting != self._sched_waiting:
+            self._sched_waiting = waiting
+            self.queue_samples.append((now, "scheduler", waiting))
 
     # ------------------------------------------------------------------ results
     def itl(self) -> np.ndarray:

@@ -75,7 +75,6 @@ def _plans(prompt: list[int]) -> list[tuple[Plan, StepInputs]]:
         (
             Plan(
                 1,
-                0.0,
                 prefill=(PrefillChunk("a", 0, 40, False, pa), PrefillChunk("b", 0, 30, True, pb)),
             ),
             StepInputs([a[:40], b], [], [sp], [0]),
@@ -83,7 +82,6 @@ def _plans(prompt: list[int]) -> list[tuple[Plan, StepInputs]]:
         (
             Plan(
                 2,
-                0.0,
                 prefill=(PrefillChunk("a", 40, 30, True, pa),),
                 decode=(DecodeSlot("b", 30, pb),),
             ),
@@ -92,7 +90,6 @@ def _plans(prompt: list[int]) -> list[tuple[Plan, StepInputs]]:
         (
             Plan(
                 3,
-                0.0,
                 prefill=(PrefillChunk("c", 32, 18, True, pc),),
                 decode=(DecodeSlot("a", 70, pa), DecodeSlot("b", 31, pb)),
             ),
@@ -106,7 +103,7 @@ def _plans(prompt: list[int]) -> list[tuple[Plan, StepInputs]]:
             DecodeSlot("c", 50 + i, pc),
         )
         tokens = [prompt[110 + 3 * i + j] for j in range(3)]
-        steps.append((Plan(4 + i, 0.0, decode=decode), StepInputs([], tokens, [sp] * 3, [1] * 3)))
+        steps.append((Plan(4 + i, decode=decode), StepInputs([], tokens, [sp] * 3, [1] * 3)))
     return steps
 
 
@@ -153,7 +150,7 @@ def _divergence_is_a_tie(
         return True
     seq = prompt + want[:i]
     pages = tuple(range(-(-len(seq) // reference.page_size)))
-    plan = Plan(0, 0.0, prefill=(PrefillChunk("tie", 0, len(seq), True, pages),))
+    plan = Plan(0, prefill=(PrefillChunk("tie", 0, len(seq), True, pages),))
     logits = reference.logits(plan, StepInputs([seq], [], [GREEDY], [0]))
     assert logits is not None
     top2 = logits[0].topk(2).values

@@ -78,7 +78,7 @@ def test_paged_attention_equals_dense(requests: list[tuple[int, int, bool]], see
             decode.append(DecodeSlot(f"r{i}", start, pages))
         else:
             prefill.append(PrefillChunk(f"r{i}", start, length - start, True, pages))
-    plan = Plan(0, 0.0, prefill=tuple(prefill), decode=tuple(decode))
+    plan = Plan(0, prefill=tuple(prefill), decode=tuple(decode))
     order = [s for s in seqs if not s.decode] + [s for s in seqs if s.decode]
     n_sample = len(plan.sampling_rids())
     inputs = StepInputs(

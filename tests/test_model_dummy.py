@@ -46,23 +46,23 @@ def test_dummy_preset_runs_and_chunking_is_exact(preset: str) -> None:
     vocab = runner.config.vocab_size
     prompt = list(range(3, 23))
     whole = runner.logits(
-        Plan(0, 0.0, prefill=(PrefillChunk("a", 0, 20, True, (0, 1, 2)),)),
+        Plan(0, prefill=(PrefillChunk("a", 0, 20, True, (0, 1, 2)),)),
         StepInputs([prompt], [], [GREEDY], [0]),
     )
     assert whole is not None and whole.shape == (1, vocab) and torch.isfinite(whole).all()
     assert whole.std() > 1e-3, "dummy logits must not be flat"
     runner.logits(
-        Plan(1, 0.0, prefill=(PrefillChunk("b", 0, 12, False, (5, 4, 3)),)),
+        Plan(1, prefill=(PrefillChunk("b", 0, 12, False, (5, 4, 3)),)),
         StepInputs([prompt[:12]], [], [], []),
     )
     tail = runner.logits(
-        Plan(2, 0.0, prefill=(PrefillChunk("b", 12, 8, True, (5, 4, 3)),)),
+        Plan(2, prefill=(PrefillChunk("b", 12, 8, True, (5, 4, 3)),)),
         StepInputs([prompt[12:]], [], [GREEDY], [0]),
     )
     assert tail is not None
     torch.testing.assert_close(tail, whole, atol=1e-5, rtol=1e-5)
     token = runner.step(
-        Plan(3, 0.0, decode=(DecodeSlot("b", 20, (5, 4, 3)),)),
+        Plan(3, decode=(DecodeSlot("b", 20, (5, 4, 3)),)),
         StepInputs([], [int(whole.argmax())], [GREEDY], [1]),
     )
     assert len(token) == 1 and 0 <= token[0] < vocab
@@ -73,7 +73,7 @@ def test_dummy_weights_follow_the_seed() -> None:
         runner = ModelRunner(
             RunnerArgs(model="tiny-qwen3", dummy_weights=True, num_pages=4, seed=seed)
         )
-        plan = Plan(0, 0.0, prefill=(PrefillChunk("a", 0, 5, True, (0,)),))
+        plan = Plan(0, prefill=(PrefillChunk("a", 0, 5, True, (0,)),))
         out = runner.logits(plan, StepInputs([[5, 6, 7, 8, 9]], [], [GREEDY], [0]))
         assert out is not None
         return out
@@ -94,7 +94,7 @@ def test_default_kv_pool_size_on_cpu() -> None:
 def test_dummy_preset_on_gpu(preset: str) -> None:
     """Real-shape dummy weights on the GPU: float32 equals the CPU, bfloat16 stays close."""
     prompt = list(range(10, 40))
-    plan = Plan(0, 0.0, prefill=(PrefillChunk("a", 0, 30, True, (3, 1)),))
+    plan = Plan(0, prefill=(PrefillChunk("a", 0, 30, True, (3, 1)),))
     inputs = StepInputs([prompt], [], [GREEDY], [0])
 
     def logits(runner: ModelRunner) -> torch.Tensor:
@@ -116,7 +116,7 @@ def test_dummy_preset_on_gpu(preset: str) -> None:
     bf16.model.load_state_dict(on_gpu.model.state_dict())
     cosine = torch.nn.functional.cosine_similarity(logits(bf16), gpu32).item()
     assert cosine > 0.99, cosine
-    decode = Plan(1, 0.0, decode=(DecodeSlot("a", 30, (3, 1)),))
+    decode = Plan(1, decode=(DecodeSlot("a", 30, (3, 1)),))
     assert len(bf16.step(decode, StepInputs([], [7], [GREEDY], [1]))) == 1
     del bf16, on_gpu
     gc.collect()

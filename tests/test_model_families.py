@@ -90,14 +90,14 @@ def test_paged_chunked_decode_logits_match_hf(family: str, device: str, tmp_path
         ref = hf(torch.tensor([seq])).logits[0].float()
 
     # prompt of 20 in chunks [0, 9) and [9, 20), then decode positions 20, 21, 22
-    chunk1 = Plan(0, 0.0, prefill=(PrefillChunk("a", 0, 9, False, PAGES),))
+    chunk1 = Plan(0, prefill=(PrefillChunk("a", 0, 9, False, PAGES),))
     assert runner.logits(chunk1, StepInputs([seq[:9]], [], [], [])) is not None
-    chunk2 = Plan(1, 0.0, prefill=(PrefillChunk("a", 9, 11, True, PAGES),))
+    chunk2 = Plan(1, prefill=(PrefillChunk("a", 9, 11, True, PAGES),))
     got = runner.logits(chunk2, StepInputs([seq[9:20]], [], [SP], [0]))
     assert got is not None
     torch.testing.assert_close(got[0].cpu(), ref[19], **tol)
     for pos in (20, 21, 22):
-        plan = Plan(pos, 0.0, decode=(DecodeSlot("a", pos, PAGES),))
+        plan = Plan(pos, decode=(DecodeSlot("a", pos, PAGES),))
         got = runner.logits(plan, StepInputs([], [seq[pos]], [SP], [pos - 19]))
         assert got is not None
         torch.testing.assert_close(got[0].cpu(), ref[pos], **tol)
@@ -115,7 +115,6 @@ def test_mixed_batch_matches_separate_runs(tmp_path: Path) -> None:
     # fill the KV of what is already "computed": seq 1 prefix [0, 4), seqs 2 and 3 all but last
     warm = Plan(
         0,
-        0.0,
         prefill=(
             PrefillChunk("b", 0, 4, False, tables[1]),
             PrefillChunk("c", 0, 17, False, tables[2]),
@@ -125,7 +124,6 @@ def test_mixed_batch_matches_separate_runs(tmp_path: Path) -> None:
     runner.logits(warm, StepInputs([seqs[1][:4], seqs[2][:17], seqs[3][:9]], [], [], []))
     mixed = Plan(
         1,
-        0.0,
         prefill=(
             PrefillChunk("a", 0, 13, True, tables[0]),
             PrefillChunk("b", 4, 3, True, tables[1]),

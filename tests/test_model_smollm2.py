@@ -21,7 +21,7 @@ from engine.models.setup import ensure_model
 from engine.runner import ModelRunner, RunnerArgs
 from engine.sampling import SamplingParams
 from engine.scheduler import Plan, SchedulerConfig
-from engine.scheduler_proc.engine import Engine
+from engine.scheduler_proc.engine import Engine, Launched
 
 torch.set_num_threads(2)
 pytestmark = pytest.mark.slow
@@ -78,11 +78,16 @@ def runner() -> ModelRunner:
 
 
 class Driver:
-    """The serving engine's step loop on one runner; keeps every plan and each output."""
+    """The serving engine's step loop on one runner; keeps every plan and each output.
 
-    def __init__(self, runner: ModelRunner, **config: Any) -> None:
+    With ``overlap`` it launches step N+1 before finishing step N, as the server's loop
+    does on CUDA (a decode input still being sampled is read from the last step's samples).
+    """
+
+    def __init__(self, runner: ModelRunner, overlap: bool = False, **config: Any) -> None:
         config.setdefault("num_pages", 64)
         self.engine = Engine(SchedulerConfig(**config), runner.launch, runner.eos_token_ids)
+        self.overlap = overlap
         self.plans: list[Plan] = []
         self.outputs: dict[str, list[int]] = {}
 
@@ -90,12 +95,15 @@ class Driver:
         assert self.engine.add(TokenizedRequest(rid, prompt, GREEDY, 0.0, 0.0)) is None
 
     def run(self) -> dict[str, list[int]]:
-        while self.engine.has_work():
-            for item in self.engine.step():
+        in_flight: Launched | None = None
+        while self.engine.has_work() or in_flight is not None:
+            items, in_flight, _ = self.engine.advance(in_flight, self.overlap)
+            for item in items:
                 assert item.error is None, item.error
                 self.outputs.setdefault(item.rid, []).extend(item.token_ids)
-            assert self.engine.last_plan is not None
-            self.plans.append(self.engine.last_plan)
+            plan = self.engine.last_plan
+            if plan is not None and (not self.plans or plan is not self.plans[-1]):
+                self.plans.append(plan)
         return self.outputs
 
 
@@ -110,10 +118,14 @@ def test_alone_matches_hf(
         assert engine.run()[rid] == reference[rid], rid
 
 
+@pytest.mark.parametrize("overlap", [False, True], ids=["sequential", "overlap"])
 def test_batched_chunked_prefill_matches_hf(
-    runner: ModelRunner, prompts: dict[str, list[int]], reference: dict[str, list[int]]
+    runner: ModelRunner,
+    prompts: dict[str, list[int]],
+    reference: dict[str, list[int]],
+    overlap: bool,
 ) -> None:
-    engine = Driver(runner, max_prefill_tokens=16)
+    engine = Driver(runner, overlap, max_prefill_tokens=16)
     for rid in ("q0", "q1", "q2"):
         engine.add(rid, prompts[rid])
     out = engine.run()
@@ -124,12 +136,16 @@ def test_batched_chunked_prefill_matches_hf(
     assert any(p.prefill and p.decode for p in engine.plans), "no mixed prefill+decode step"
 
 
+@pytest.mark.parametrize("overlap", [False, True], ids=["sequential", "overlap"])
 def test_preemption_recompute_matches_hf(
-    runner: ModelRunner, prompts: dict[str, list[int]], reference: dict[str, list[int]]
+    runner: ModelRunner,
+    prompts: dict[str, list[int]],
+    reference: dict[str, list[int]],
+    overlap: bool,
 ) -> None:
     # both prompts fit in 3 pages each; growing past 48 tokens needs a 4th, 7 pages hold 2 x 3 + 1
     # (without the prefix cache, which would let the two share their chat-template pages)
-    engine = Driver(runner, num_pages=7, prefix_cache=False)
+    engine = Driver(runner, overlap, num_pages=7, prefix_cache=False)
     for rid in ("q1", "q2"):
         engine.add(rid, prompts[rid])
     out = engine.run()

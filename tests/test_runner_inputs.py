@@ -27,42 +27,42 @@ def runner() -> ModelRunner:
     ("plan", "inputs", "message"),
     [
         (
-            Plan(0, 0.0, prefill=(PrefillChunk("a", 0, 4, True, (0,)),)),
+            Plan(0, prefill=(PrefillChunk("a", 0, 4, True, (0,)),)),
             StepInputs([[1, 2, 3]], [], [SP], [0]),
             "request a: prefill chunk of length 4 got 3",
         ),
         (
-            Plan(0, 0.0, prefill=(PrefillChunk("a", 0, 20, True, (0,)),)),
+            Plan(0, prefill=(PrefillChunk("a", 0, 20, True, (0,)),)),
             StepInputs([list(range(20))], [], [SP], [0]),
             "request a: 20 tokens need 2 pages",
         ),
         (
-            Plan(0, 0.0, decode=(DecodeSlot("b", 3, (8,)),)),
+            Plan(0, decode=(DecodeSlot("b", 3, (8,)),)),
             StepInputs([], [1], [SP], [0]),
             r"page ids \[8\] outside the pool of 8",
         ),
         (
-            Plan(0, 0.0, decode=(DecodeSlot("b", 3, (1,)),)),
+            Plan(0, decode=(DecodeSlot("b", 3, (1,)),)),
             StepInputs([], [1, 2], [SP], [0]),
             "sampling params|decode tokens",
         ),
         (
-            Plan(0, 0.0, decode=(DecodeSlot("b", 3, (1,)),)),
+            Plan(0, decode=(DecodeSlot("b", 3, (1,)),)),
             StepInputs([], [1], [], []),
             "plan samples 1 requests",
         ),
         (
-            Plan(0, 0.0, decode=(DecodeSlot("b", 3, (1,)),)),
+            Plan(0, decode=(DecodeSlot("b", 3, (1,)),)),
             StepInputs([], [-2], [SP], [0]),
             r"token ids must be in \[0, 512\)",
         ),
         (
-            Plan(0, 0.0, decode=(DecodeSlot("b", 3, (1,)),)),
+            Plan(0, decode=(DecodeSlot("b", 3, (1,)),)),
             StepInputs([], [FROM_LAST_SAMPLE], [SP], [0]),
             "request b: its input token comes from the previous step, which sampled none",
         ),
         (
-            Plan(0, 0.0, prefill=(PrefillChunk("a", 0, 2, True, (0,)),)),
+            Plan(0, prefill=(PrefillChunk("a", 0, 2, True, (0,)),)),
             StepInputs([[1, FROM_LAST_SAMPLE]], [], [SP], [0]),
             r"token ids must be in \[0, 512\), got values in \[-1, 1\]",
         ),
@@ -76,13 +76,13 @@ def test_bad_step_rejected(
 
 
 def test_empty_plan_returns_no_tokens(runner: ModelRunner) -> None:
-    assert runner.step(Plan(0, 0.0), StepInputs([], [], [], [])) == []
+    assert runner.step(Plan(0), StepInputs([], [], [], [])) == []
 
 
 def test_leader_with_one_rank_needs_no_process_group() -> None:
     leader = TPLeader(RunnerArgs(model="tiny-qwen3", dummy_weights=True, num_pages=4))
     assert not torch.distributed.is_initialized()
-    plan = Plan(0, 0.0, prefill=(PrefillChunk("a", 0, 3, True, (2,)),))
+    plan = Plan(0, prefill=(PrefillChunk("a", 0, 3, True, (2,)),))
     assert len(leader.step(plan, StepInputs([[4, 5, 6]], [], [SP], [0]))) == 1
     leader.shutdown()
     with pytest.raises(RuntimeError, match="after shutdown"):

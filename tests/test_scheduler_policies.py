@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
+
 import pytest
 
 from engine.scheduler import (
-    BLOCKED_KV_MEMORY,
-    BLOCKED_RUNNING_CAP,
+    Blocked,
     Finished,
     FinishReason,
     Preempted,
@@ -112,11 +114,11 @@ def test_blocked_reasons() -> None:
     s = Scheduler(SchedulerConfig(num_pages=8, page_size=4, max_running=1))
     s.add(req("a", 4))
     s.add(req("b", 4, t=1.0))
-    assert s.schedule(0.0).blocked == BLOCKED_RUNNING_CAP
+    assert s.schedule(0.0).blocked == Blocked.RUNNING_CAP
     s2 = Scheduler(SchedulerConfig(num_pages=4, page_size=4))
     s2.add(req("a", 12, out=4))
     s2.add(req("b", 8, out=2, t=1.0))
-    assert s2.schedule(0.0).blocked == BLOCKED_KV_MEMORY
+    assert s2.schedule(0.0).blocked == Blocked.KV_MEMORY
 
 
 def test_stop_token_and_abort() -> None:
@@ -165,10 +167,10 @@ def test_decode_run_goes_on_while_the_queue_head_lacks_memory() -> None:
     s.complete(plan, None)
     s.add(req("big", 28, out=4, t=1.0, base=40))  # needs 7 pages to start; 6 are free
     assert s.decode_run_length(100) == 7  # a's last token is a normal step
-    run = s.advance_decode(7, 1.0)
-    assert run.new_pages == (1, 0, 0, 0, 1, 0, 0) and run.blocked == BLOCKED_KV_MEMORY
+    run = s.advance_decode(7)
+    assert run.new_pages == (1, 0, 0, 0, 1, 0, 0) and run.blocked == Blocked.KV_MEMORY
     plan = s.schedule(2.0)
-    assert [d.rid for d in plan.decode] == ["a"] and plan.blocked == BLOCKED_KV_MEMORY
+    assert [d.rid for d in plan.decode] == ["a"] and plan.blocked == Blocked.KV_MEMORY
     events = s.complete(plan, None)
     assert Finished("a", FinishReason.LENGTH, 9) in events
     assert [c.rid for c in s.schedule(3.0).prefill] == ["big"]
@@ -197,3 +199,12 @@ def test_duplicate_prefix_pages_computed_together_are_freed() -> None:
     assert a is not None and b is not None
     assert a.pages[:3] == b.pages[:3], "b switched to the cached copy of the prefix"
     assert s.stats().pages_used == used - 3
+
+
+def test_core_imports_no_torch_or_zmq() -> None:
+    code = (
+        "import sys; import engine.scheduler, engine.scheduler.invariants; "
+        "bad = [m for m in ('torch', 'zmq', 'numpy') if m in sys.modules]; "
+        "assert not bad, bad"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True)

@@ -30,7 +30,6 @@ def test_runner_samples_below_its_vocab_limit() -> None:
     prompt = list(range(3, 23))
     plan = Plan(
         0,
-        0.0,
         prefill=(
             PrefillChunk("a", 0, 20, True, (0, 1, 2)),
             PrefillChunk("b", 0, 20, True, (3, 4, 5)),

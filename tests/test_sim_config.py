@@ -31,6 +31,8 @@ def test_config_files_and_overrides(tmp_path: Path) -> None:
     cfg = build_config(js)
     assert cfg.overlap and cfg.cost_model == "table"  # a profile implies the table model
     assert build_config(js, cost_model="roofline").cost_model == "roofline"
+    reserve = build_config(reserve_decode=True, new_token_ratio_decay_steps=50).scheduler_config()
+    assert reserve.reserve_decode and reserve.new_token_ratio_decay_steps == 50
 
 
 @pytest.mark.parametrize(
@@ -41,6 +43,7 @@ def test_config_files_and_overrides(tmp_path: Path) -> None:
         ('{"max_running": 0}', "max_running must be a positive integer"),
         ('{"model": "gpt-9"}', "unknown model preset"),
         ("{oops", "cannot parse config"),
+        ('{"min_new_token_ratio": 0.9}', "min_new_token_ratio <= init_new_token_ratio"),
     ],
 )
 def test_bad_config_is_a_clear_error(tmp_path: Path, text: str, message: str) -> None:

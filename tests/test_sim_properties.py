@@ -64,6 +64,7 @@ configs = st.fixed_dictionaries(
         "policy": st.sampled_from(sorted(POLICIES)),
         "prefix_cache": st.booleans(),
         "overlap": st.booleans(),
+        "reserve_decode": st.booleans(),
         "fast_forward": st.booleans(),
         "num_tokenizers": st.integers(1, 3),
         "model": st.sampled_from(["smollm2-135m", "llama-3.1-8b"]),
@@ -101,7 +102,8 @@ def test_sim_drives_the_core_faithfully(
             assert r.rid in set(done["rid"])
 
     steps = result.steps
-    assert (np.diff(steps["step"]) == 1).all()
+    gaps = np.diff(steps["step"])  # with overlap, a step with no model work has no row
+    assert (gaps == 1).all() if not cfg.overlap else (gaps >= 1).all()
     assert (steps["kv_pages_used"] <= steps["kv_pages_total"]).all()
     assert (result.itl_s >= 0).all()
 

@@ -10,6 +10,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
+from sim.calls import replay_calls
 from sim.cli import main
 from sim.config import build_config
 from sim.metrics import REQUEST_COLUMNS
@@ -79,19 +80,21 @@ def _frames(
     return result.requests, result.steps
 
 
+@pytest.mark.parametrize("overlap", [False, True])
 @pytest.mark.parametrize(
     ("trace", "config"),
     [
         ("azure_conv.csv", {}),
-        ("azure_code.csv", {"overlap": True, "num_tokenizers": 2}),
+        ("azure_code.csv", {"num_tokenizers": 2}),
         ("mooncake_conversation.jsonl", {"model": "qwen3-0.6b", "num_pages": 3000}),
         ("azure_conv.csv", {"num_pages": 600, "max_running": 8, "policy": "sjf"}),
+        ("azure_conv.csv", {"num_pages": 600, "reserve_decode": True}),
     ],
 )
-def test_fast_forward_changes_nothing(trace: str, config: dict[str, object]) -> None:
+def test_fast_forward_changes_nothing(trace: str, config: dict[str, object], overlap: bool) -> None:
     path = ROOT / "traces" / trace
-    on_req, on_steps = _frames(path, 150, 6.0, fast_forward=True, **config)
-    off_req, off_steps = _frames(path, 150, 6.0, fast_forward=False, **config)
+    on_req, on_steps = _frames(path, 150, 6.0, fast_forward=True, overlap=overlap, **config)
+    off_req, off_steps = _frames(path, 150, 6.0, fast_forward=False, overlap=overlap, **config)
     assert (on_req["status"] == off_req["status"]).all()
     np.testing.assert_array_equal(on_req["output_tokens"], off_req["output_tokens"])
     np.testing.assert_array_equal(on_req["num_preemptions"], off_req["num_preemptions"])
@@ -134,7 +137,10 @@ def test_overload_is_reported_not_dropped(tmp_path: Path) -> None:
     assert result.summary["rejected"] == 3 and len(result.summary["rejected_reasons"]) == 3
 
 
-def test_preemption_under_page_pressure_completes_identically(tmp_path: Path) -> None:
+@pytest.mark.parametrize("overlap", [False, True])
+def test_preemption_under_page_pressure_completes_identically(
+    tmp_path: Path, overlap: bool
+) -> None:
     trace = tmp_path / "burst.jsonl"
     rows = [
         {"timestamp": i, "input_length": 40 + i, "output_length": 120 + 7 * i} for i in range(6)
@@ -142,7 +148,9 @@ def test_preemption_under_page_pressure_completes_identically(tmp_path: Path) ->
     trace.write_text("".join(json.dumps(r) + "\n" for r in rows))
     results = {
         ff: run_replay(
-            load_trace(trace), build_config(num_pages=30, fast_forward=ff), progress=False
+            load_trace(trace),
+            build_config(num_pages=30, fast_forward=ff, overlap=overlap),
+            progress=False,
         )
         for ff in (True, False)
     }
@@ -153,6 +161,31 @@ def test_preemption_under_page_pressure_completes_identically(tmp_path: Path) ->
     np.testing.assert_array_equal(on["num_preemptions"], off["num_preemptions"])
     np.testing.assert_allclose(on["finished"], off["finished"], rtol=1e-9)
     assert results[True].summary["fast_forward"]["runs"] > 0
+
+
+@pytest.mark.parametrize("overlap", [False, True])
+def test_the_engine_loop_s_calls_replay_on_a_fresh_core(overlap: bool) -> None:
+    config = build_config(num_pages=400, overlap=overlap)
+    trace = load_trace(ROOT / "traces" / "azure_conv.csv", limit=60, rate_scale=8.0)
+    result = run_replay(trace, config, record_calls=True, progress=False)
+    outstanding: list[int] = []
+    most = 0
+    for call in result.scheduler.calls:
+        if call.name == "schedule":
+            assert len(outstanding) <= (1 if overlap else 0), "schedule with too much in flight"
+            outstanding.append(call.result.step)
+        elif call.name == "complete":
+            assert call.args[0] == outstanding.pop(0), "plans complete in the order made"
+        elif call.name == "advance_decode":  # with a plan in flight, the run's last stays
+            in_flight = call.result.in_flight
+            assert len(outstanding) == (in_flight is not None)
+            outstanding = [in_flight.step] if in_flight is not None else []
+        most = max(most, len(outstanding))
+    assert most == (2 if overlap else 1) and not outstanding
+    assert replay_calls(result.scheduler.calls, config.scheduler_config()) == []
+    steps = result.steps  # one GPU: a step starts after the previous one ends
+    ends = (steps["time"] + steps["duration_s"]).to_numpy()
+    assert (steps["time"].to_numpy()[1:] >= ends[:-1] - 1e-12).all()
 
 
 def test_the_simulator_imports_no_torch() -> None:

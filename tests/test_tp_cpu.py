@@ -55,7 +55,6 @@ def test_head_partition_covers_every_head_once() -> None:
 def test_step_wire_roundtrip() -> None:
     plan = Plan(
         3,
-        1.5,
         prefill=(PrefillChunk("a", 16, 5, True, (4, 2)),),
         decode=(DecodeSlot("b", 40, (1, 7, 9)),),
     )

@@ -11,6 +11,13 @@ class SchedulerConfig:
 
     ``max_prefill_tokens`` is the per-step prefill token budget (chunked
     prefill); ``max_running`` caps requests holding KV (prefilling + decoding).
+
+    ``reserve_decode`` makes admission keep room for the decode growth of the
+    running requests, estimated with the new-token ratio (see
+    ``engine.scheduler.reservation``): it starts at ``init_new_token_ratio``,
+    falls to ``min_new_token_ratio`` over ``new_token_ratio_decay_steps`` decode
+    steps and restarts after a preemption. The defaults are SGLang's (0.7,
+    0.7 x 0.14, 600 steps).
     """
 
     num_pages: int
@@ -19,12 +26,27 @@ class SchedulerConfig:
     max_prefill_tokens: int = 8192
     policy: str = "fcfs"
     prefix_cache: bool = True
+    reserve_decode: bool = False
+    init_new_token_ratio: float = 0.7
+    min_new_token_ratio: float = 0.098
+    new_token_ratio_decay_steps: int = 600
 
     def __post_init__(self) -> None:
-        for name in ("num_pages", "page_size", "max_running", "max_prefill_tokens"):
+        for name in (
+            "num_pages",
+            "page_size",
+            "max_running",
+            "max_prefill_tokens",
+            "new_token_ratio_decay_steps",
+        ):
             value = getattr(self, name)
-            if not isinstance(value, int) or value <= 0:
+            if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
                 raise ValueError(f"{name} must be a positive integer, got {value!r}")
+        if not 0 <= self.min_new_token_ratio <= self.init_new_token_ratio <= 1:
+            raise ValueError(
+                "new-token ratios must satisfy 0 <= min_new_token_ratio <= init_new_token_ratio"
+                f" <= 1, got {self.min_new_token_ratio!r} and {self.init_new_token_ratio!r}"
+            )
 
 
 @dataclass(frozen=True, slots=True)

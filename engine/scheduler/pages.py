@@ -2,6 +2,13 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
+
+def pages_for(tokens: int, page_size: int) -> int:
+    """Pages that hold ``tokens`` KV positions."""
+    return -(-tokens // page_size)
+
 
 class OutOfPages(RuntimeError):
     """Raised when more pages are asked for than are free."""
@@ -37,7 +44,7 @@ class PageAllocator:
         taken.reverse()
         return taken
 
-    def free(self, pages: list[int]) -> None:
+    def free(self, pages: Sequence[int]) -> None:
         self._free.extend(reversed(pages))
 
     def free_pages(self) -> list[int]:

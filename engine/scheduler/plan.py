@@ -5,6 +5,15 @@ which token span, which requests decode one token, and the page table of each.
 Rank 0 broadcasts it to the other tensor-parallel ranks; a run can be logged and
 replayed from it. ``complete(plan, tokens)`` turns the sampled tokens into
 ``Event`` values.
+
+Input tokens. Let ``sequence`` be a request's prompt followed by the output
+tokens of the plans completed so far (what ``TokenOut`` events delivered). A
+prefill chunk feeds ``sequence[start : start + length]``, all known. A decode
+slot at ``position`` feeds ``sequence[position]`` when ``position <
+len(sequence)``; when ``position == len(sequence)`` its token is the one the
+plan still in flight samples for the same request (overlap scheduling: the
+engine reads it on the device from that plan's sampled tokens). A slot is never
+further ahead than that.
 """
 
 from __future__ import annotations
@@ -14,9 +23,8 @@ from enum import StrEnum
 from typing import Any
 
 __all__ = [
-    "BLOCKED_KV_MEMORY",
-    "BLOCKED_PREFILL_BUDGET",
-    "BLOCKED_RUNNING_CAP",
+    "PLACEHOLDER_TOKEN",
+    "Blocked",
     "DecodeRun",
     "DecodeSlot",
     "Event",
@@ -28,15 +36,22 @@ __all__ = [
     "TokenOut",
 ]
 
-BLOCKED_KV_MEMORY = "kv_memory"
-BLOCKED_RUNNING_CAP = "running_cap"
-BLOCKED_PREFILL_BUDGET = "prefill_budget"
+PLACEHOLDER_TOKEN = -1  # the token recorded when the caller passes no tokens (simulation)
 
 
 class FinishReason(StrEnum):
     LENGTH = "length"  # max_new_tokens reached
     STOP = "stop"  # a stop token (EOS or a user stop id) was sampled
     ABORT = "abort"  # aborted by the client or the server
+
+
+class Blocked(StrEnum):
+    """Why waiting requests were not admitted at a step (``NONE``: nothing was held back)."""
+
+    NONE = ""
+    KV_MEMORY = "kv_memory"  # the next request's pages (plus the decode reservation) do not fit
+    RUNNING_CAP = "running_cap"  # ``max_running`` requests hold KV already
+    PREFILL_BUDGET = "prefill_budget"  # the step's prefill token budget is spent
 
 
 @dataclass(frozen=True, slots=True)
@@ -56,7 +71,7 @@ class PrefillChunk:
 
 @dataclass(frozen=True, slots=True)
 class DecodeSlot:
-    """Feed the request's last token at ``position`` and sample the next one."""
+    """Feed the request's token at ``position`` (see the module doc) and sample the next one."""
 
     rid: str
     position: int
@@ -68,12 +83,11 @@ class Plan:
     """One scheduler step. Empty when there is nothing to run."""
 
     step: int
-    now: float
     prefill: tuple[PrefillChunk, ...] = ()
     decode: tuple[DecodeSlot, ...] = ()
     preempted: tuple[str, ...] = ()  # sent back to waiting at this step
     aborted: tuple[str, ...] = ()  # released at this step
-    blocked: str = ""  # why waiting requests were not admitted: "", or a BLOCKED_* value
+    blocked: Blocked = Blocked.NONE
 
     @property
     def num_prefill_tokens(self) -> int:
@@ -95,19 +109,17 @@ class Plan:
         """A msgpack/JSON-friendly form (lists and scalars only)."""
         return {
             "step": self.step,
-            "now": self.now,
             "prefill": [[c.rid, c.start, c.length, c.samples, list(c.pages)] for c in self.prefill],
             "decode": [[d.rid, d.position, list(d.pages)] for d in self.decode],
             "preempted": list(self.preempted),
             "aborted": list(self.aborted),
-            "blocked": self.blocked,
+            "blocked": self.blocked.value,
         }
 
     @staticmethod
     def from_dict(d: dict[str, Any]) -> Plan:
         return Plan(
             step=int(d["step"]),
-            now=float(d["now"]),
             prefill=tuple(
                 PrefillChunk(rid, start, length, bool(samples), tuple(pages))
                 for rid, start, length, samples, pages in d["prefill"]
@@ -115,7 +127,7 @@ class Plan:
             decode=tuple(DecodeSlot(rid, pos, tuple(pages)) for rid, pos, pages in d["decode"]),
             preempted=tuple(d["preempted"]),
             aborted=tuple(d["aborted"]),
-            blocked=str(d.get("blocked", "")),
+            blocked=Blocked(d.get("blocked", "")),
         )
 
 
@@ -149,9 +161,17 @@ Event = TokenOut | Finished | Preempted
 class DecodeRun:
     """``k`` identical pure-decode steps advanced at once (see ``Scheduler.advance_decode``).
 
+    The run places steps ``first_step .. first_step + k - 1`` and completes
+    ``k`` plans, each giving every request in ``rids`` one token. Without a
+    plan in flight at the call those are the run's own steps; with one (overlap
+    scheduling) they are that plan and the run's first ``k - 1`` steps, and the
+    run's last step stays in flight as ``in_flight``, for the caller to
+    complete like any plan.
+
     ``new_pages[i]`` is the number of pages allocated at step ``i`` of the run;
-    ``context_tokens`` is the total context of the batch before the first step
-    (it grows by ``len(rids)`` per step).
+    ``context_tokens`` is the KV positions the batch holds or has planned before
+    the first step (its attention reads ``context_tokens + len(rids)``, then one
+    more per request each step).
     """
 
     first_step: int
@@ -159,4 +179,5 @@ class DecodeRun:
     rids: tuple[str, ...]
     context_tokens: int
     new_pages: tuple[int, ...] = field(default=())
-    blocked: str = ""  # why the waiting requests stayed out during the run (as ``Plan.blocked``)
+    blocked: Blocked = Blocked.NONE  # why the waiting requests stayed out (as ``Plan.blocked``)
+    in_flight: Plan | None = None

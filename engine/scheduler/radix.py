@@ -20,7 +20,7 @@ from collections.abc import Hashable, Iterator, Sequence
 
 from engine.scheduler.pages import PageAllocator
 
-PageKey = Hashable
+PageKey = Hashable  # a tuple of token ids, or an int from a trace's block hash
 
 
 class RadixNode:

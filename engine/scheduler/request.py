@@ -1,30 +1,35 @@
 """A request as the scheduler sees it: keys, limits and state, no text and no tensors.
 
-State machine::
+State machine (a request advances when a plan *places* it, not when the plan completes)::
 
-    WAITING ──admit──► PREFILLING ──last chunk──► DECODING ──► FINISHED (length | stop)
-       ▲                   │                         │
-       └──── preempted ────┴─────────────────────────┘
+    WAITING ──admit──► PREFILLING ──last chunk placed──► DECODING ──► FINISHED (length | stop)
+       ▲                   │                                 │
+       └──── preempted ────┴─────────────────────────────────┘
     any state ──abort──► ABORTED (pages released at the next step)
 
 The *fill* of a request is the sequence whose KV must be computed before it can
 decode: its prompt plus the tokens it has already generated (non-empty only
 after a preemption, which recomputes). The last fill chunk samples a token.
+
+Two counts describe progress: ``output`` holds the tokens of completed plans,
+``num_planned`` counts the KV positions of every plan made so far, in flight
+or completed. With one plan in flight a decoding request is one position
+ahead of its output; with none they agree.
 """
 
 from __future__ import annotations
 
-from collections.abc import Hashable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import TYPE_CHECKING
 
-from engine.scheduler.plan import FinishReason
+from engine.scheduler.config import SchedulerConfig
+from engine.scheduler.pages import pages_for
+from engine.scheduler.radix import PageKey
 
 if TYPE_CHECKING:
     from engine.scheduler.radix import RadixNode
-
-PageKey = Hashable
 
 
 class RequestStatus(StrEnum):
@@ -59,17 +64,17 @@ class Request:
 
     # state, owned by the scheduler
     status: RequestStatus = RequestStatus.WAITING
-    output: list[int] = field(default_factory=list)
-    pages: list[int] = field(default_factory=list)
-    num_computed: int = 0  # tokens whose KV is in ``pages``
+    output: list[int] = field(default_factory=list)  # tokens of completed plans
+    pages: tuple[int, ...] = ()  # the page table: page i holds positions [i * ps, (i + 1) * ps)
+    num_planned: int = 0  # KV positions computed by the plans made so far (in flight included)
     num_cached: int = 0  # of those, tokens that came from the prefix cache at admission
     num_shared_pages: int = 0  # leading pages owned by the radix cache, not by this request
     seq: int = 0  # admission order among equal arrivals; set by the scheduler
-    finish_reason: FinishReason | None = None
-    num_preemptions: int = 0
+    admitted_at: int = 0  # the step that last admitted it; earlier plans' slots are stale
+    last_plan: int = 0  # the latest step whose plan places it
+    first_scheduled: float | None = None  # ``now`` of the step that first admitted it
     cache_node: RadixNode | None = None  # the locked radix node of the shared prefix
     _prompt_keys: list[PageKey] | None = field(default=None, repr=False)
-    _table: tuple[int, ...] = field(default=(), repr=False)
     _keys_page_size: int = field(default=0, repr=False)
 
     @property
@@ -78,8 +83,15 @@ class Request:
         return self.prompt_len + len(self.output)
 
     @property
-    def seq_len(self) -> int:
-        return self.prompt_len + len(self.output)
+    def planned_outputs(self) -> int:
+        """Output tokens that the plans made so far produce (completed ones included).
+
+        Once the last fill chunk is placed, every placed position samples the
+        token after it: position ``p`` yields output ``p - prompt_len + 1``.
+        """
+        if self.status is RequestStatus.DECODING:
+            return self.num_planned - self.prompt_len + 1
+        return len(self.output)
 
     @property
     def remaining_tokens(self) -> int:
@@ -91,19 +103,6 @@ class Request:
         if expected is None:
             expected = self.max_new_tokens
         return max(0, expected - len(self.output))
-
-    @property
-    def is_done(self) -> bool:
-        return self.status in (RequestStatus.FINISHED, RequestStatus.ABORTED)
-
-    def page_table(self) -> tuple[int, ...]:
-        """``pages`` as a tuple for plans, rebuilt only when pages were added or replaced.
-
-        Whoever replaces pages without changing their number resets ``_table``.
-        """
-        if len(self._table) != len(self.pages):
-            self._table = tuple(self.pages)
-        return self._table
 
     def page_keys(self, num_pages: int, page_size: int) -> list[PageKey]:
         """Keys of the first ``num_pages`` full pages of the fill, as far as they are known.
@@ -139,3 +138,30 @@ class Request:
         # page i of block h gets the integer key h * per_block + i: unique, cheap to compare
         keys: list[PageKey] = [h * per_block + i for h in blocks for i in range(per_block)]
         return keys[:n]
+
+
+class RequestRejected(ValueError):
+    """A request that can never be served under this configuration."""
+
+
+def check_servable(req: Request, config: SchedulerConfig) -> None:
+    """Raise ``RequestRejected`` unless ``req`` can be served alone under ``config``."""
+    ps = config.page_size
+    if req.prompt_len < 1:
+        raise RequestRejected(f"request {req.rid}: empty prompt")
+    if req.max_new_tokens < 1:
+        raise RequestRejected(f"request {req.rid}: max_new_tokens must be >= 1")
+    if req.prompt and len(req.prompt) != req.prompt_len:
+        raise RequestRejected(
+            f"request {req.rid}: prompt_len {req.prompt_len} != len(prompt) {len(req.prompt)}"
+        )
+    if req.block_hashes and req.block_size % ps:
+        raise RequestRejected(
+            f"request {req.rid}: block size {req.block_size} is not a multiple of page size {ps}"
+        )
+    need = pages_for(req.prompt_len + req.max_new_tokens, ps)
+    if need > config.num_pages:
+        raise RequestRejected(
+            f"request {req.rid}: prompt ({req.prompt_len}) + max_new_tokens "
+            f"({req.max_new_tokens}) needs {need} KV pages, the cache has {config.num_pages}"
+        )

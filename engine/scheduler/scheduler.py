@@ -5,15 +5,28 @@ Contract: ``add`` and ``abort`` requests, ``schedule(now) -> Plan``, then
 no zmq, no clock. The same sequence of calls gives the same plans, so
 tensor-parallel ranks and the simulator agree.
 
+Overlap scheduling: ``schedule`` may be called while one plan is in flight
+(made, not completed); plans complete in the order they were made. Requests
+advance when a plan places them, so the next plan continues where the one in
+flight ends: a decoding request's next slot is its next position, whose input
+token the in-flight plan samples (see ``engine.scheduler.plan``). A request
+that finishes when the in-flight plan completes may have been placed in the
+next plan too; that slot's token is discarded. Pages given up while a plan in
+flight uses them return when that plan completes (``engine.scheduler.inflight``).
+Strict alternation (complete each plan before the next ``schedule``) is the
+same code with nothing in flight.
+
 One step, in order:
 
 1. release aborted requests (their pages go back, or into the prefix cache);
 2. give every decoding request room for one more token, evicting unreferenced
-   cache pages and, when that is not enough, preempting the policy's victim
-   (recompute: its pages are released and it waits again);
+   cache pages; when that is not enough and pages held for the plan in flight
+   will cover it, the request sits this step out, else the policy's victim is
+   preempted (recompute: its pages are released and it waits again);
 3. continue chunked prefills, then admit waiting requests in policy order while
-   the running cap, the prefill token budget and KV pages allow; admission stops
-   at the first request that does not fit (no request overtakes the head).
+   the running cap, the prefill token budget and KV pages (minus the decode
+   reservation, when enabled) allow; admission stops at the first request that
+   does not fit (no request overtakes the head).
 
 A request is admitted with pages for its whole fill (prompt + output so far),
 so later chunks never allocate; only decode grows a request.
@@ -24,12 +37,13 @@ from __future__ import annotations
 import bisect
 from collections.abc import Mapping, Sequence
 
+from engine.scheduler import decode_run
 from engine.scheduler.config import SchedulerConfig, SchedulerStats
-from engine.scheduler.pages import PageAllocator
+from engine.scheduler.inflight import InFlight
+from engine.scheduler.memory import HeldPages, KVMemory
 from engine.scheduler.plan import (
-    BLOCKED_KV_MEMORY,
-    BLOCKED_PREFILL_BUDGET,
-    BLOCKED_RUNNING_CAP,
+    PLACEHOLDER_TOKEN,
+    Blocked,
     DecodeRun,
     DecodeSlot,
     Event,
@@ -41,14 +55,8 @@ from engine.scheduler.plan import (
     TokenOut,
 )
 from engine.scheduler.policy import Key, get_policy
-from engine.scheduler.radix import RadixCache
-from engine.scheduler.request import Request, RequestStatus
-
-PLACEHOLDER_TOKEN = -1  # the token recorded when the caller passes no tokens (simulation)
-
-
-class RequestRejected(ValueError):
-    """A request that can never be served under this configuration."""
+from engine.scheduler.request import Request, RequestRejected, RequestStatus, check_servable
+from engine.scheduler.reservation import DecodeReservation
 
 
 class Scheduler:
@@ -56,13 +64,13 @@ class Scheduler:
         self.config = config
         self.policy = get_policy(config.policy)
         self.page_size = config.page_size
-        self.allocator = PageAllocator(config.num_pages, config.page_size)
-        self.cache: RadixCache | None = RadixCache(self.allocator) if config.prefix_cache else None
+        self.memory = KVMemory(config.num_pages, config.page_size, config.prefix_cache)
+        self.reservation = DecodeReservation(config)
+        self.in_flight = InFlight()
         self.requests: dict[str, Request] = {}  # live requests (not yet ended)
         self._waiting: list[tuple[Key, Request]] = []  # sorted by the policy's key
         self.running: dict[str, Request] = {}  # admission order
         self._aborted: list[Request] = []  # marked, released at the next step
-        self._abort_counts: dict[str, int] = {}  # output tokens of the last step's aborts
         self.step = 0
         self._seq = 0
         self.prompt_tokens = 0
@@ -71,29 +79,9 @@ class Scheduler:
     # ------------------------------------------------------------------ requests
     def add(self, req: Request) -> None:
         """Queue a request. Raises ``RequestRejected`` if it can never be served."""
-        ps = self.page_size
         if req.rid in self.requests:
             raise RequestRejected(f"duplicate request id {req.rid!r}")
-        if req.prompt_len < 1:
-            raise RequestRejected(f"request {req.rid}: empty prompt")
-        if req.max_new_tokens < 1:
-            raise RequestRejected(f"request {req.rid}: max_new_tokens must be >= 1")
-        if req.prompt and len(req.prompt) != req.prompt_len:
-            raise RequestRejected(
-                f"request {req.rid}: prompt_len {req.prompt_len} != len(prompt) {len(req.prompt)}"
-            )
-        if req.block_hashes and req.block_size % ps:
-            raise RequestRejected(
-                f"request {req.rid}: block size {req.block_size} is not a multiple of "
-                f"page size {ps}"
-            )
-        need = _pages_for(req.prompt_len + req.max_new_tokens, ps)
-        if need > self.config.num_pages:
-            raise RequestRejected(
-                f"request {req.rid}: prompt ({req.prompt_len}) + max_new_tokens "
-                f"({req.max_new_tokens}) needs {need} KV pages, the cache has "
-                f"{self.config.num_pages}"
-            )
+        check_servable(req, self.config)
         req.status = RequestStatus.WAITING
         req.seq = self._seq
         self._seq += 1
@@ -106,7 +94,6 @@ class Scheduler:
         if req is None or req.status is RequestStatus.ABORTED:
             return False
         req.status = RequestStatus.ABORTED
-        req.finish_reason = FinishReason.ABORT
         self._aborted.append(req)
         return True
 
@@ -114,7 +101,8 @@ class Scheduler:
         return self.requests.get(rid)
 
     def has_work(self) -> bool:
-        return bool(self.running or self._waiting or self._aborted)
+        """Whether ``schedule``/``complete`` have anything left to do (plans in flight count)."""
+        return bool(self.running or self._waiting or self._aborted or len(self.in_flight))
 
     @property
     def num_waiting(self) -> int:
@@ -129,12 +117,12 @@ class Scheduler:
         return [r for _, r in self._waiting]
 
     def stats(self) -> SchedulerStats:
-        free = self.allocator.num_free
+        free = self.memory.num_free
         return SchedulerStats(
             num_pages=self.config.num_pages,
             pages_used=self.config.num_pages - free,
             pages_free=free,
-            pages_cached=self.cache.evictable_pages if self.cache else 0,
+            pages_cached=self.memory.evictable,
             num_waiting=len(self._waiting),
             num_running=len(self.running),
             prompt_tokens=self.prompt_tokens,
@@ -143,60 +131,119 @@ class Scheduler:
 
     # ------------------------------------------------------------------ schedule
     def schedule(self, now: float) -> Plan:
+        """Plan the next step at time ``now`` (stamped on newly admitted requests).
+
+        Raises ``PlanOrderError`` when two plans are outstanding already.
+        """
+        self.in_flight.check_can_schedule()
         self.step += 1
         aborted = self._release_aborted()
+        if not self.running:
+            self.reservation.reset()
         preempted: list[str] = []
-
-        for req in [r for r in self.running.values() if r.status is RequestStatus.DECODING]:
-            if req.rid not in self.running:
-                continue  # preempted earlier in this loop
-            need = _pages_for(req.num_computed + 1, self.page_size) - len(req.pages)
-            if need > 0 and not self._reserve(need, req, preempted):
-                continue
-            if need > 0:
-                req.pages.extend(self.allocator.alloc(need))
+        placed = self._grow_decodes(preempted)
 
         budget = self.config.max_prefill_tokens
         chunks: list[PrefillChunk] = []
         for req in self.running.values():
             if req.status is RequestStatus.PREFILLING and budget > 0:
                 budget -= self._chunk(req, budget, chunks)
-        blocked = self._admit(budget, chunks)
+        blocked = self._admit(budget, chunks, now)
 
-        decode = tuple(
-            DecodeSlot(r.rid, r.num_computed, r.page_table())
-            for r in self.running.values()
-            if r.status is RequestStatus.DECODING
-        )
-        return Plan(
+        decode = []
+        for req in placed:
+            decode.append(DecodeSlot(req.rid, req.num_planned, req.pages))
+            req.num_planned += 1
+            req.last_plan = self.step
+        if decode:
+            self.reservation.decayed()
+        plan = Plan(
             step=self.step,
-            now=now,
             prefill=tuple(chunks),
-            decode=decode,
+            decode=tuple(decode),
             preempted=tuple(preempted),
             aborted=tuple(aborted),
             blocked=blocked,
         )
+        self.in_flight.add(plan, aborted)
+        return plan
 
-    def _admit(self, budget: int, chunks: list[PrefillChunk]) -> str:
+    def _grow_decodes(self, preempted: list[str]) -> list[Request]:
+        """Give every decoding request a page for its next position; the requests to place.
+
+        A request whose last token is already planned (it finishes when the plan
+        in flight completes) is not placed again.
+        """
+        placed: list[Request] = []
+        running, ps = self.running, self.page_size
+        for req in [r for r in running.values() if r.status is RequestStatus.DECODING]:
+            if running.get(req.rid) is not req:
+                continue  # preempted earlier in this loop
+            if req.planned_outputs >= req.max_new_tokens:
+                continue
+            if req.num_planned >= len(req.pages) * ps:  # the next position starts a page
+                if not self._free_a_page(req, preempted):
+                    continue
+                self.memory.add_page(req)
+            placed.append(req)
+        gone = set(preempted)
+        return [r for r in placed if r.rid not in gone]
+
+    def _free_a_page(self, requester: Request, preempted: list[str]) -> bool:
+        """Make a page free for ``requester``'s next position; False if it sits this step out.
+
+        Evicts first. Pages that come back when the plan in flight completes
+        (held pages, and those of requests finishing with it) are waited for
+        rather than preempting anyone. Otherwise the policy's victim among the
+        requests not finishing is preempted (possibly ``requester`` itself).
+        """
+        memory = self.memory
+        while memory.num_free < 1:
+            if memory.make_room(1):
+                continue
+            finishing = {
+                r.rid: r
+                for r in self.running.values()
+                if r.status is RequestStatus.DECODING and r.planned_outputs >= r.max_new_tokens
+            }
+            soon = self.in_flight.pending_pages()
+            soon += sum(len(r.pages) - r.num_shared_pages for r in finishing.values())
+            if soon > 0:
+                return False
+            victim = self.policy.victim(
+                [r for r in self.running.values() if r.rid not in finishing]
+            )
+            self._preempt(victim)
+            preempted.append(victim.rid)
+            if victim is requester:
+                return False
+        return True
+
+    def _admit(self, budget: int, chunks: list[PrefillChunk], now: float) -> Blocked:
         if not self._waiting:
-            return ""
+            return Blocked.NONE
         cap = self.config.max_running
-        candidates = self._candidates()
+        ps = self.page_size
+        reserved = self.reservation.tokens(self.running.values())
         admitted: list[Request] = []
-        blocked = ""
-        for req in candidates:
+        blocked = Blocked.NONE
+        for req in self._candidates():
             if len(self.running) >= cap:
-                blocked = BLOCKED_RUNNING_CAP
+                blocked = Blocked.RUNNING_CAP
                 break
             if budget <= 0:
-                blocked = BLOCKED_PREFILL_BUDGET
+                blocked = Blocked.PREFILL_BUDGET
                 break
-            if not self._allocate_fill(req):
-                blocked = BLOCKED_KV_MEMORY
+            need, available = self.memory.fill_need(req)
+            growth = self.reservation.tokens((req,))
+            if need > available or (
+                self.running and need * ps + reserved + growth > available * ps
+            ):  # the reservation protects running requests; alone, a request always fits
+                blocked = Blocked.KV_MEMORY
                 break
+            reserved += growth
+            self._start(req, need, now)
             admitted.append(req)
-            self.running[req.rid] = req
             budget -= self._chunk(req, budget, chunks)
         if admitted and not self.policy.reorders:
             del self._waiting[: len(admitted)]  # admission took a prefix of the queue
@@ -208,104 +255,76 @@ class Scheduler:
     def _candidates(self) -> Sequence[Request]:
         """Waiting requests in the order admission tries them (enough to hit the cap)."""
         if self.policy.reorders:
-            return self.policy.order(self.waiting(), self._cached_pages_of)
+            return self.policy.order(self.waiting(), self.memory.cached_pages_of)
         room = self.config.max_running - len(self.running)
         return [r for _, r in self._waiting[: max(room, 0) + 1]]
 
-    def _cached_pages_of(self, req: Request) -> int:
-        if self.cache is None:
-            return 0
-        ps = self.page_size
-        return self.cache.match_length(req.page_keys((req.fill_len - 1) // ps, ps))
-
-    def _fill_need(self, req: Request) -> tuple[int, int]:
-        """(new pages ``req``'s fill needs, pages it may take: free + evictable outside its match).
-
-        Read-only. The match leaves at least one token to compute, so the last
-        chunk yields logits.
-        """
-        ps = self.page_size
-        total = _pages_for(req.fill_len, ps)
-        if self.cache is None:
-            return total, self.allocator.num_free
-        matched, locked = self.cache.probe(req.page_keys((req.fill_len - 1) // ps, ps))
-        return total - matched, self.allocator.num_free + self.cache.evictable_pages - locked
-
-    def _allocate_fill(self, req: Request) -> bool:
-        """Give ``req`` its cached prefix plus fresh pages for the rest of its fill."""
-        need, available = self._fill_need(req)
-        if need > available:
-            return False
-        ps = self.page_size
-        shared: list[int] = []
-        if self.cache is not None:
-            shared, node = self.cache.match(req.page_keys((req.fill_len - 1) // ps, ps), self.step)
-            self.cache.lock(node)
-            req.cache_node = node
-        self._make_room(need)
-        req.pages = shared + self.allocator.alloc(need)
-        req._table = ()
-        req.num_shared_pages = len(shared)
-        req.num_computed = req.num_cached = len(shared) * ps
+    def _start(self, req: Request, need: int, now: float) -> None:
+        """Admit ``req``: its cached prefix plus ``need`` fresh pages for the rest of its fill."""
+        self.memory.allocate_fill(req, need, self.step)
         req.status = RequestStatus.PREFILLING
+        req.admitted_at = self.step
+        if req.first_scheduled is None:
+            req.first_scheduled = now
+        self.running[req.rid] = req
         self.prompt_tokens += req.fill_len
         self.cached_tokens += req.num_cached
-        return True
 
     def _chunk(self, req: Request, budget: int, chunks: list[PrefillChunk]) -> int:
-        length = min(req.fill_len - req.num_computed, budget)
-        samples = req.num_computed + length == req.fill_len
-        chunks.append(PrefillChunk(req.rid, req.num_computed, length, samples, req.page_table()))
+        """Place ``req``'s next fill chunk (the last one makes it decoding); its length."""
+        start = req.num_planned
+        length = min(req.fill_len - start, budget)
+        samples = start + length == req.fill_len
+        chunks.append(PrefillChunk(req.rid, start, length, samples, req.pages))
+        req.num_planned += length
+        req.last_plan = self.step
+        if samples:
+            req.status = RequestStatus.DECODING
         return length
-
-    def _reserve(self, need: int, requester: Request, preempted: list[str]) -> bool:
-        """Make ``need`` pages free, preempting victims; False if ``requester`` was the victim."""
-        while self.allocator.num_free < need:
-            if self.cache is not None and self.cache.evict(need - self.allocator.num_free):
-                continue
-            victim = self.policy.victim(list(self.running.values()))
-            self._preempt(victim)
-            preempted.append(victim.rid)
-            if victim is requester:
-                return False
-        return True
-
-    def _make_room(self, need: int) -> None:
-        short = need - self.allocator.num_free
-        if short > 0 and self.cache is not None:
-            self.cache.evict(short)
 
     def _preempt(self, req: Request) -> None:
         del self.running[req.rid]
         self._release(req)
         req.status = RequestStatus.WAITING
-        req.num_preemptions += 1
         self._enqueue(req)
+        self.reservation.reset()
 
     # ------------------------------------------------------------------ complete
     def complete(self, plan: Plan, tokens: Mapping[str, int] | None) -> list[Event]:
-        """Apply the sampled ``tokens`` (rid -> token id; None in simulation) of ``plan``."""
+        """Apply the sampled ``tokens`` (rid -> token id; None in simulation) of ``plan``.
+
+        ``plan`` must be the oldest outstanding plan (``PlanOrderError`` otherwise).
+        Slots of requests that ended, were aborted or were re-admitted since the
+        plan was made produce nothing.
+        """
+        done = self.in_flight.pop(plan)
+        for held in done.held:
+            self.memory.give_back(held, self.step)
         events: list[Event] = []
         for rid in plan.aborted:
-            events.append(Finished(rid, FinishReason.ABORT, self._abort_counts.pop(rid, 0)))
+            events.append(Finished(rid, FinishReason.ABORT, done.abort_counts[rid]))
         for rid in plan.preempted:
             events.append(Preempted(rid))
         for chunk in plan.prefill:
-            req = self.running.get(chunk.rid)
-            if req is None or req.status is RequestStatus.ABORTED:
-                continue  # aborted or preempted since the plan was made: nothing to keep
-            req.num_computed = chunk.start + chunk.length
-            self._share_prefix(req)
+            req = self._placed_in(chunk.rid, plan.step)
+            if req is None:
+                continue
+            self._hold(req, self.memory.share_prefix(req, chunk.start + chunk.length, self.step))
             if chunk.samples:
-                req.status = RequestStatus.DECODING
                 self._append(req, tokens, events)
         for slot in plan.decode:
-            req = self.running.get(slot.rid)
-            if req is None or req.status is RequestStatus.ABORTED:
-                continue
-            req.num_computed = slot.position + 1
-            self._append(req, tokens, events)
+            req = self._placed_in(slot.rid, plan.step)
+            if req is not None:
+                self._append(req, tokens, events)
         return events
+
+    def _placed_in(self, rid: str, step: int) -> Request | None:
+        """The running request that plan ``step`` placed as ``rid``, if it is still there (not
+        ended, aborted or admitted again since)."""
+        req = self.running.get(rid)
+        if req is None or req.status is RequestStatus.ABORTED or req.admitted_at > step:
+            return None
+        return req
 
     def _append(self, req: Request, tokens: Mapping[str, int] | None, events: list[Event]) -> None:
         token = PLACEHOLDER_TOKEN if tokens is None else tokens[req.rid]
@@ -318,76 +337,38 @@ class Scheduler:
 
     def _finish(self, req: Request, reason: FinishReason, events: list[Event]) -> None:
         req.status = RequestStatus.FINISHED
-        req.finish_reason = reason
         del self.running[req.rid]
         del self.requests[req.rid]
         self._release(req)
         events.append(Finished(req.rid, reason, len(req.output)))
 
-    def _share_prefix(self, req: Request) -> None:
-        """Hand a request's computed full pages to the prefix cache as soon as a chunk is done,
-        so requests running at the same time share them; the request keeps them locked.
-
-        Where the cache already holds a page for the same key (another request computed the
-        same prefix meanwhile), the request switches to the cached page and frees its own.
-        """
-        cache = self.cache
-        if cache is None:
-            return
-        ps = self.page_size
-        keys = req.page_keys(req.num_computed // ps, ps)
-        n = len(keys)
-        if n <= req.num_shared_pages:
-            return
-        rejected = cache.insert(keys, req.pages[:n], self.step)
-        pages, node = cache.match(keys, self.step)
-        cache.lock(node)
-        if req.cache_node is not None:
-            cache.unlock(req.cache_node)
-        self.allocator.free(rejected)
-        req.pages[:n] = pages
-        req._table = ()
-        req.num_shared_pages = n
-        req.cache_node = node
-
     # ------------------------------------------------------------------ release
-    def _release_aborted(self) -> list[str]:
+    def _release_aborted(self) -> dict[str, int]:
+        """Release the requests aborted since the last step; their output token counts."""
         if not self._aborted:
-            return []
-        rids = []
-        gone = set()
-        self._abort_counts = {}
+            return {}
+        counts: dict[str, int] = {}
         for req in self._aborted:
-            rids.append(req.rid)
-            self._abort_counts[req.rid] = len(req.output)
-            gone.add(req.rid)
+            counts[req.rid] = len(req.output)
             self.running.pop(req.rid, None)
             del self.requests[req.rid]
             self._release(req)
-        self._waiting = [e for e in self._waiting if e[1].rid not in gone]
+        self._waiting = [e for e in self._waiting if e[1].rid not in counts]
         self._aborted = []
-        return rids
+        return counts
 
     def _release(self, req: Request) -> None:
-        """Return a request's pages: computed full pages into the prefix cache, the rest freed."""
-        pages = req.pages
-        if not pages:
+        """Take a request's pages: back to the pool now, or when the plan in flight using them
+        completes."""
+        self._hold(req, self.memory.take(req))
+
+    def _hold(self, req: Request, held: HeldPages | None) -> None:
+        if held is None or not (held.pages or held.node):
             return
-        if self.cache is None:
-            self.allocator.free(pages)
+        if self.in_flight.uses(req.last_plan):
+            self.in_flight.hold(req.last_plan, held)
         else:
-            keys = req.page_keys(req.num_computed // self.page_size, self.page_size)
-            n = len(keys)
-            rejected = self.cache.insert(keys, pages[:n], self.step)
-            self.allocator.free(rejected)
-            self.allocator.free(pages[n:])
-            if req.cache_node is not None:
-                self.cache.unlock(req.cache_node)
-        req.pages = []
-        req._table = ()
-        req.cache_node = None
-        req.num_shared_pages = 0
-        req.num_computed = 0
+            self.memory.give_back(held, self.step)
 
     def _enqueue(self, req: Request) -> None:
         bisect.insort(self._waiting, ((*self.policy.key(req), req.seq), req))
@@ -396,93 +377,17 @@ class Scheduler:
     def decode_run_length(self, max_steps: int) -> int:
         """How many following steps are identical pure-decode steps (0 if none).
 
-        Holds while nothing is added or aborted: every running request is
-        decoding, none can finish by length within the run, nothing waiting
-        can be admitted (the queue is empty or the running cap binds) and the
-        pages the run allocates are free or evictable. Stop tokens are not
-        foreseen: this is for callers that pass no tokens (simulation).
+        See ``engine.scheduler.decode_run`` for the conditions; stop tokens are
+        not foreseen, so this is for callers that pass no tokens (simulation).
         """
-        if self._aborted or not self.running or max_steps <= 0:
-            return 0
-        evictions_allowed = True
-        if self._waiting and len(self.running) < self.config.max_running:
-            if not self._head_exceeds_memory():
-                return 0
-            # the head stays out while memory only shrinks; under a reordering policy the
-            # order may change with the cache, so the run must not evict
-            evictions_allowed = not self.policy.reorders
-        k = max_steps
-        for req in self.running.values():
-            if req.status is not RequestStatus.DECODING:
-                return 0
-            k = min(k, req.remaining_tokens - 1)
-        if k <= 0:
-            return 0
-        available = self.allocator.num_free
-        if self.cache is not None and evictions_allowed:
-            available += self.cache.evictable_pages
-        if self._pages_needed(k) <= available:
-            return k
-        lo, hi = 0, k  # largest k' with pages_needed(k') <= available
-        while lo < hi:
-            mid = (lo + hi + 1) // 2
-            if self._pages_needed(mid) <= available:
-                lo = mid
-            else:
-                hi = mid - 1
-        return lo
+        return decode_run.run_length(self, max_steps)
 
-    def _head_exceeds_memory(self) -> bool:
-        """Whether the request that admission would try first lacks KV pages right now."""
-        need, available = self._fill_need(self._candidates()[0])
-        return need > available
+    def advance_decode(self, k: int) -> DecodeRun:
+        """Apply ``k`` pure-decode steps at once, exactly as ``k`` single steps would.
 
-    def _pages_needed(self, k: int) -> int:
-        ps = self.page_size
-        return sum(
-            max(0, _pages_for(r.num_computed + k, ps) - len(r.pages)) for r in self.running.values()
-        )
-
-    def advance_decode(self, k: int, now: float) -> DecodeRun:
-        """Apply ``k`` pure-decode steps at once, as ``k`` x (schedule + complete(None)).
-
-        ``k`` must not exceed ``decode_run_length(k)``. Pages are allocated in
-        the order the single steps would allocate them (step, then batch order).
+        ``k`` must not exceed ``decode_run_length(k)``. Without a plan in flight
+        a step is ``schedule`` + ``complete(plan, None)``; with one (overlap), it
+        is ``schedule`` + ``complete`` of the plan before, and the run's last
+        plan is left in flight (``DecodeRun.in_flight``).
         """
-        if k <= 0 or k > self.decode_run_length(k):
-            raise ValueError(f"cannot advance {k} decode steps from this state")
-        ps = self.page_size
-        running = list(self.running.values())
-        grows: list[tuple[int, int]] = []  # (step index in run, batch index)
-        for idx, req in enumerate(running):
-            first = len(req.pages) * ps - req.num_computed + 1  # first step needing a new page
-            grows.extend((j, idx) for j in range(max(first, 1), k + 1, ps))
-        grows.sort()
-        new_pages = [0] * k
-        for j, idx in grows:
-            self._make_room(1)
-            running[idx].pages.extend(self.allocator.alloc(1))
-            new_pages[j - 1] += 1
-        context = 0
-        for req in running:
-            context += req.num_computed
-            req.num_computed += k
-            req.output.extend([PLACEHOLDER_TOKEN] * k)
-        blocked = ""
-        if self._waiting:
-            full = len(self.running) >= self.config.max_running
-            blocked = BLOCKED_RUNNING_CAP if full else BLOCKED_KV_MEMORY
-        first_step = self.step + 1
-        self.step += k
-        return DecodeRun(
-            first_step=first_step,
-            k=k,
-            rids=tuple(r.rid for r in running),
-            context_tokens=context,
-            new_pages=tuple(new_pages),
-            blocked=blocked,
-        )
-
-
-def _pages_for(tokens: int, page_size: int) -> int:
-    return -(-tokens // page_size)
+        return decode_run.advance(self, k)

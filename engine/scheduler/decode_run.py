@@ -1,0 +1,159 @@
+"""Runs of identical pure-decode steps, advanced at once (the simulator's fast path).
+
+Between arrivals, finishes, chunk ends and page-boundary allocations,
+consecutive decode steps are identical but for each context growing by one
+token. A run of ``k`` such steps holds while nothing is added or aborted and:
+
+- every running request is decoding, and none can finish by length within
+  the run (stop tokens are not foreseen: callers pass no tokens);
+- nothing waiting can be admitted: the queue is empty, the running cap binds,
+  or the head's pages (plus the decode reservation at the run's last step,
+  the smallest it gets) exceed what is available at its start;
+- the pages the run allocates are free or evictable;
+- with a plan in flight (overlap): that plan is a pure decode of exactly the
+  running requests, with no aborts, preemptions or held pages.
+
+``advance`` then applies the run: the same pages in the same order, the same
+tokens, step counter and new-token ratio as ``k`` single steps.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from engine.scheduler.pages import pages_for
+from engine.scheduler.plan import PLACEHOLDER_TOKEN, Blocked, DecodeRun, DecodeSlot, Plan
+from engine.scheduler.request import Request, RequestStatus
+
+if TYPE_CHECKING:
+    from engine.scheduler.scheduler import Scheduler
+
+
+def run_length(s: Scheduler, max_steps: int) -> int:
+    """How many following steps are identical pure-decode steps (0 if none)."""
+    if s._aborted or not s.running or max_steps <= 0 or len(s.in_flight) > 1:
+        return 0
+    plan = s.in_flight.oldest()
+    if plan is not None and not _continues(s, plan):
+        return 0
+    k = max_steps
+    for req in s.running.values():
+        if req.status is not RequestStatus.DECODING:
+            return 0
+        k = min(k, req.remaining_tokens - 1)
+    if k <= 0:
+        return 0
+    evictions_allowed = True
+    if s._waiting and len(s.running) < s.config.max_running:
+        k = _head_stays_out(s, k)
+        if k <= 0:
+            return 0
+        # under a reordering policy the order may change with the cache, so the run must not evict
+        evictions_allowed = not s.policy.reorders
+    available = s.memory.num_free
+    if evictions_allowed:
+        available += s.memory.evictable
+    running = list(s.running.values())
+    lo, hi = 0, k  # largest k' <= k with pages_needed(k') <= available
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        if _pages_needed(running, mid, s.page_size) <= available:
+            lo = mid
+        else:
+            hi = mid - 1
+    return lo
+
+
+def _continues(s: Scheduler, plan: Plan) -> bool:
+    """Whether the plan in flight is a pure decode of exactly the running requests."""
+    if plan.prefill or plan.aborted or plan.preempted or s.in_flight.held():
+        return False
+    if len(plan.decode) != len(s.running):
+        return False
+    return all(d.rid == rid for d, rid in zip(plan.decode, s.running, strict=True))
+
+
+def _head_stays_out(s: Scheduler, k: int) -> int:
+    """The largest ``k' <= k`` such that admission's first candidate stays out for ``k'`` steps.
+
+    Memory only shrinks during a run and the reservation only falls, so the
+    head stays out at step ``j`` if it does not fit at the run's start with the
+    reservation of step ``j``; that holds for a prefix of the run.
+    """
+    head = s._candidates()[0]
+    need, available = s.memory.fill_need(head)
+    running = s.running.values()
+    reservation = s.reservation
+    ps = s.page_size
+
+    def stays_out(step: int) -> bool:
+        reserved = reservation.tokens(running, later=step - 1)
+        growth = reservation.ratio(step - 1) * reservation.future(head)  # a waiting future stays
+        return need * ps + reserved + growth > available * ps
+
+    if not stays_out(1):
+        return 0
+    if stays_out(k):
+        return k
+    lo, hi = 1, k - 1  # the last step at which it stays out
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        if stays_out(mid):
+            lo = mid
+        else:
+            hi = mid - 1
+    return lo
+
+
+def _pages_needed(running: list[Request], k: int, page_size: int) -> int:
+    return sum(max(0, pages_for(r.num_planned + k, page_size) - len(r.pages)) for r in running)
+
+
+def advance(s: Scheduler, k: int) -> DecodeRun:
+    """Apply ``k`` pure-decode steps at once (see ``Scheduler.advance_decode``)."""
+    if k <= 0 or k > run_length(s, k):
+        raise ValueError(f"cannot advance {k} decode steps from this state")
+    ps = s.page_size
+    running = list(s.running.values())
+    grows: list[tuple[int, int]] = []  # (step index in run, batch index)
+    for idx, req in enumerate(running):
+        first = len(req.pages) * ps - req.num_planned + 1  # first step needing a new page
+        grows.extend((j, idx) for j in range(max(first, 1), k + 1, ps))
+    grows.sort()
+    new_pages = [0] * k
+    added: list[list[int]] = [[] for _ in running]
+    for j, idx in grows:
+        s.memory.make_room(1)
+        added[idx] += s.memory.allocator.alloc(1)
+        new_pages[j - 1] += 1
+    first_step = s.step + 1
+    s.step += k
+    context = 0
+    for req, extra in zip(running, added, strict=True):
+        if extra:
+            req.pages = (*req.pages, *extra)
+        context += req.num_planned
+        req.num_planned += k
+        req.last_plan = s.step
+        req.output.extend([PLACEHOLDER_TOKEN] * k)
+    s.reservation.decayed(k)
+    blocked = Blocked.NONE
+    if s._waiting:
+        full = len(s.running) >= s.config.max_running
+        blocked = Blocked.RUNNING_CAP if full else Blocked.KV_MEMORY
+    in_flight = None
+    if len(s.in_flight):
+        slots = tuple(DecodeSlot(r.rid, r.num_planned - 1, r.pages) for r in running)
+        in_flight = Plan(step=s.step, decode=slots, blocked=blocked)
+        s.in_flight.replace_oldest(in_flight)
+    else:
+        s.in_flight.completed = s.step
+    return DecodeRun(
+        first_step=first_step,
+        k=k,
+        rids=tuple(r.rid for r in running),
+        context_tokens=context,
+        new_pages=tuple(new_pages),
+        blocked=blocked,
+        in_flight=in_flight,
+    )

@@ -1,0 +1,213 @@
+"""The scheduler process's loop as a SimPy process: the core's calls, priced by the cost models.
+
+Strict alternation (the default): each iteration calls ``schedule(now)``,
+spends the scheduler's CPU time, runs the step on the GPU, then ``complete``;
+the step's tokens leave when it ends. A step costs CPU + GPU.
+
+Overlap scheduling (``overlap``) makes the engine's calls in the engine's
+order, with at most one plan in flight when ``schedule`` is called::
+
+    iteration i:   plan_i = schedule(now)          CPU: the scheduler's time of a step
+                                                   (the profile's schedule + complete)
+                   launch plan_i                   GPU: starts when the CPU launched it and
+                                                        plan_{i-1} has ended
+                   complete(plan_{i-1})            waits for plan_{i-1}'s GPU end; its tokens
+                                                   leave then
+                   (an empty plan_i is completed at once)
+
+so the GPU runs step N+1 right after step N when the CPU formed it in time, a
+finish is seen one step late, and pages freed meanwhile come back a step later.
+
+Fast-forward: when the core says the next k steps are identical pure-decode
+steps (with overlap: and a pure decode is in flight), the loop prices all k
+with numpy and waits for the run's end or for a request reaching the
+scheduler, whichever comes first; interrupted at t, it applies the iterations
+that began before t and carries on. Decisions and times equal those of
+stepping one by one.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Generator
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import simpy
+
+from engine.scheduler import DecodeRun, Plan, SchedulerStats
+from sim.costs.base import StepShape
+
+if TYPE_CHECKING:
+    from sim.pipeline import Pipeline
+
+Process = Generator[simpy.Event, Any, None]
+Stepping = Generator[simpy.Event, Any, "Launched | None"]  # returns the plan left in flight
+
+
+@dataclass(frozen=True, slots=True)
+class Launched:
+    """A plan on the simulated GPU, and when its GPU work ends."""
+
+    plan: Plan
+    end: float
+
+
+class EngineLoop:
+    """Drives ``pipeline.sched`` like the engine's scheduler loop, strict or overlapped."""
+
+    def __init__(self, pipeline: Pipeline) -> None:
+        self.p = pipeline
+        self.env = pipeline.env
+        self.sched = pipeline.sched
+
+    def run(self) -> Process:
+        p, env, s = self.p, self.env, self.sched
+        prev: Launched | None = None  # the plan in flight (overlap only)
+        while True:
+            p.admit_inbox()
+            if not s.has_work():
+                if p.nothing_to_come():
+                    return
+                yield p.wait_for_arrival()
+                continue
+            if p.fast_forward and (prev is not None or not p.overlap):
+                k = s.decode_run_length(p.max_run_steps)
+                if k >= 2:
+                    prev = yield from self._decode_run(k, prev)
+                    continue
+            plan = s.schedule(env.now)
+            p.sample_scheduler_queue(env.now)
+            p.note_scheduled(plan)
+            if p.overlap:
+                prev = yield from self._overlapped(plan, prev)
+            else:
+                yield from self._strict(plan)
+
+    def _stalled(self) -> Process:
+        """Nothing could run and nothing is in flight: wait for a request, or fail."""
+        p, s = self.p, self.sched
+        if not s.has_work():
+            return
+        if p.nothing_to_come():
+            raise RuntimeError(
+                f"the scheduler makes no progress at t={self.env.now:.6f}: "
+                f"{s.num_waiting} waiting, {s.num_running} running, nothing arriving"
+            )
+        yield p.wait_for_arrival()
+
+    # ------------------------------------------------------------------ single steps
+    def _strict(self, plan: Plan) -> Process:
+        p, env, s = self.p, self.env, self.sched
+        if not plan.has_model_work:
+            p.handle_events(plan, s.complete(plan, None), env.now)
+            yield from self._stalled()
+            return
+        start = env.now
+        shape = StepShape.of_plan(plan)
+        duration = p.gpu.step_time(shape) + p.cpu.schedule_time(plan.batch_size)
+        stats = s.stats()
+        yield env.timeout(duration)
+        events = s.complete(plan, None)
+        p.record_step(plan, shape, start, duration, stats)
+        p.handle_events(plan, events, env.now)
+
+    def _overlapped(self, plan: Plan, prev: Launched | None) -> Stepping:
+        """Launch ``plan`` once the CPU formed it and the GPU is free, then complete ``prev``
+        when its GPU work ends (both happen at the same time: the GPU start)."""
+        p, env, s = self.p, self.env, self.sched
+        stats = s.stats()
+        launch = env.now + p.cpu.schedule_time(plan.batch_size)
+        start = launch if prev is None else max(launch, prev.end)
+        launched = None
+        if plan.has_model_work:
+            shape = StepShape.of_plan(plan)
+            gpu = p.gpu.step_time(shape)
+            p.record_step(plan, shape, start, gpu, stats)
+            launched = Launched(plan, start + gpu)
+        if start > env.now:
+            yield env.timeout(start - env.now)
+        if prev is not None:
+            p.handle_events(prev.plan, s.complete(prev.plan, None), env.now)
+        if launched is None:
+            p.handle_events(plan, s.complete(plan, None), env.now)
+            if prev is None:
+                yield from self._stalled()
+        return launched
+
+    # ------------------------------------------------------------------ decode runs
+    def _decode_run(self, k: int, prev: Launched | None) -> Stepping:
+        """Up to ``k`` identical decode iterations at once; the plan left in flight, if any."""
+        p, env, s = self.p, self.env, self.sched
+        now = env.now
+        running = list(s.running.values())
+        batch = len(running)
+        context = sum(r.num_planned for r in running)
+        gpu = p.gpu.decode_times(batch, context + batch, k)
+        cpu = p.cpu.schedule_time(batch)
+        if prev is None:  # strict: step j runs [start, start + cpu + gpu]; tokens at its end
+            durations = gpu + cpu
+            clock = np.cumsum(np.concatenate(([now], durations)))
+            starts = begins = clock[:-1]
+            ends = clock[1:]
+            token_times = starts + durations
+        else:  # overlap: GPU starts s_j = max(s_{j-1} + cpu, s_{j-1} + gpu_{j-1})
+            durations = gpu
+            gaps = np.maximum(gpu[:-1], cpu)
+            starts = np.cumsum(np.concatenate(([max(now + cpu, prev.end)], gaps)))
+            begins = np.concatenate(([now], starts[:-1]))  # iteration j begins as j-1 ends
+            ends = token_times = starts  # iteration j completes the plan before step j
+        j = k
+        if not p.nothing_to_come():
+            wake = p.wait_for_arrival()
+            done = env.timeout(float(ends[-1]) - now)
+            yield wake | done
+            if not done.processed:
+                j = max(1, int(np.searchsorted(begins, env.now, side="left")))
+        stats = s.stats()
+        run = s.advance_decode(j)
+        if run.context_tokens != context or run.rids != tuple(r.rid for r in running):
+            raise RuntimeError("decode run differs from the running set the sim priced")
+        p.num_runs += 1
+        if env.now < ends[j - 1]:
+            yield env.timeout(float(ends[j - 1]) - env.now)
+        self._record_run(run, starts[:j], durations[:j], token_times[:j], stats)
+        if run.in_flight is None:
+            return None
+        return Launched(run.in_flight, float(starts[j - 1] + gpu[j - 1]))
+
+    def _record_run(
+        self,
+        run: DecodeRun,
+        starts: np.ndarray,
+        durations: np.ndarray,
+        token_times: np.ndarray,
+        stats: SchedulerStats,
+    ) -> None:
+        """Step rows of the run's steps, and the tokens of the ``run.k`` plans it completed."""
+        p = self.p
+        j = run.k
+        p.steps_in_runs += j
+        batch = len(run.rids)
+        p.tokens_of_run(run.rids, token_times)
+        steps = np.arange(run.first_step, run.first_step + j)
+        context = run.context_tokens + batch * np.arange(1, j + 1)
+        pages = stats.pages_held + np.cumsum(np.asarray(run.new_pages, dtype=np.int64))
+        p.steps.add_run(
+            {
+                "step": steps,
+                "time": starts,
+                "duration_s": durations,
+                "batch_size": batch,
+                "prefill_tokens": 0,
+                "decode_requests": batch,
+                "context_tokens": context,
+                "kv_pages_used": pages,
+                "num_waiting": stats.num_waiting,
+                "num_running": stats.num_running,
+                "preempted": 0,
+                "blocked": run.blocked.value,
+                "cached_tokens": stats.cached_tokens,
+                "prompt_tokens": stats.prompt_tokens,
+            }
+        )
