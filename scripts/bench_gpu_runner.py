@@ -35,12 +35,14 @@ from pathlib import Path
 from typing import Any
 
 import torch
+import torch.multiprocessing as mp
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from measure_h200_ceilings import copy_bandwidth, matmul_flops
 
 from engine.runner import ModelRunner, RunnerArgs, StepInputs
 from engine.runner.inputs import FROM_LAST_SAMPLE
+from engine.runner.tp import TPLeader, follower_main
 from engine.sampling import SamplingParams
 from engine.scheduler import DecodeSlot, Plan, PrefillChunk
 
@@ -67,24 +69,25 @@ def decode_plans(batch: int, context: int, steps: int) -> tuple[list[Plan], list
     return plans, [[1] * batch]
 
 
-def time_decode(runner: ModelRunner, batch: int, context: int, steps: int = 30) -> dict[str, Any]:
+def time_decode(leader: TPLeader, batch: int, context: int, steps: int = 30) -> dict[str, Any]:
+    runner = leader.runner
     plans, _ = decode_plans(batch, context, steps + 10)
     sp = [GREEDY] * batch
     first = StepInputs([], [1] * batch, sp, [0] * batch)
     later = StepInputs([], [FROM_LAST_SAMPLE] * batch, sp, [0] * batch)
     for plan in plans[:5]:
-        runner.step(plan, first)
+        leader.step(plan, first)
     sync = []
     for plan in plans[5:10]:
         t0 = time.perf_counter()
-        runner.step(plan, first)
+        leader.step(plan, first)
         sync.append(time.perf_counter() - t0)
     torch.cuda.synchronize()
-    runner.step(plans[10], first)
+    leader.step(plans[10], first)
     t0 = time.perf_counter()
     handle = None
     for plan in plans[11 : 11 + steps - 1]:
-        handle = runner.launch(plan, later)
+        handle = leader.launch(plan, later)
     assert handle is not None
     handle.tokens()
     pipelined = (time.perf_counter() - t0) / (steps - 1)
@@ -110,7 +113,7 @@ def prefill_flops(runner: ModelRunner, tokens: int, prefix: int) -> float:
     return 2.0 * linear * tokens + attention + 2.0 * c.hidden_size * c.vocab_size
 
 
-def time_prefill(runner: ModelRunner, tokens: int, prefix: int) -> dict[str, Any]:
+def time_prefill(leader: TPLeader, tokens: int, prefix: int) -> dict[str, Any]:
     total = prefix + tokens
     pages = tuple(range(-(-total // PAGE)))
     ids = [(7 * i) % 30000 + 1 for i in range(total)]
@@ -118,15 +121,15 @@ def time_prefill(runner: ModelRunner, tokens: int, prefix: int) -> dict[str, Any
     for rep in range(6):
         if prefix:
             chunk = PrefillChunk(f"p{rep}", 0, prefix, False, pages)
-            runner.step(Plan(0, prefill=(chunk,)), StepInputs([ids[:prefix]], [], [], []))
+            leader.step(Plan(0, prefill=(chunk,)), StepInputs([ids[:prefix]], [], [], []))
         chunk = PrefillChunk(f"p{rep}", prefix, tokens, True, pages)
         plan = Plan(1, prefill=(chunk,))
         torch.cuda.synchronize()
         t0 = time.perf_counter()
-        runner.step(plan, StepInputs([ids[prefix:]], [], [GREEDY], [0]))
+        leader.step(plan, StepInputs([ids[prefix:]], [], [GREEDY], [0]))
         times.append(time.perf_counter() - t0)
     t = statistics.median(times[1:])
-    flops = prefill_flops(runner, tokens, prefix)
+    flops = prefill_flops(leader.runner, tokens, prefix)
     return {
         "tokens": tokens,
         "prefix": prefix,
@@ -136,24 +139,24 @@ def time_prefill(runner: ModelRunner, tokens: int, prefix: int) -> dict[str, Any
     }
 
 
-def profile(runner: ModelRunner, out_dir: Path) -> None:
+def profile(leader: TPLeader, out_dir: Path) -> None:
     from torch.profiler import ProfilerActivity
     from torch.profiler import profile as torch_profile
 
     plans, _ = decode_plans(64, 1024, 12)
     sp = [GREEDY] * 64
     inputs = StepInputs([], [1] * 64, sp, [0] * 64)
-    runner.step(plans[0], inputs)
+    leader.step(plans[0], inputs)
     with torch_profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
         for plan in plans[1:11]:
-            runner.step(plan, inputs)
+            leader.step(plan, inputs)
     table = prof.key_averages().table(sort_by="cuda_time_total", row_limit=30)
     (out_dir / "profile_decode_b64.txt").write_text(table)
     pages = tuple(range(512))
     chunk = PrefillChunk("prof", 0, 8192, True, pages)
     ids = [(7 * i) % 30000 + 1 for i in range(8192)]
     with torch_profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
-        runner.step(Plan(0, prefill=(chunk,)), StepInputs([ids], [], [GREEDY], [0]))
+        leader.step(Plan(0, prefill=(chunk,)), StepInputs([ids], [], [GREEDY], [0]))
     table = prof.key_averages().table(sort_by="cuda_time_total", row_limit=30)
     (out_dir / "profile_prefill_8k.txt").write_text(table)
 
@@ -167,6 +170,8 @@ def main() -> None:
     ap.add_argument("--model", default="llama-3.1-8b")
     ap.add_argument("--profile-dir", type=Path)
     ap.add_argument("--no-cuda-graph", action="store_true")
+    ap.add_argument("--tp", type=int, default=1, help="tensor-parallel degree (NCCL)")
+    ap.add_argument("--skip-prefill", action="store_true")
     args = ap.parse_args()
     copy = copy_bandwidth(4 << 30)
     mm = matmul_flops(8192)
@@ -175,22 +180,31 @@ def main() -> None:
     )
     print(json.dumps(CEILINGS), flush=True)
     t0 = time.perf_counter()
-    runner = ModelRunner(
-        RunnerArgs(
-            model=args.model,
-            dummy_weights=True,
-            device="cuda",
-            num_pages=17500,
-            max_running=256,
-            cuda_graph=not args.no_cuda_graph,
-        )
+    runner_args = RunnerArgs(
+        model=args.model,
+        dummy_weights=True,
+        device="cuda",
+        num_pages=17500 // args.tp * args.tp,
+        max_running=256,
+        cuda_graph=not args.no_cuda_graph,
+        tp_size=args.tp,
+        dist_init=f"file:///tmp/bench-tp-{time.time_ns()}" if args.tp > 1 else "",
     )
+    ctx = mp.get_context("spawn")
+    followers = [
+        ctx.Process(target=follower_main, args=(runner_args, r)) for r in range(1, args.tp)
+    ]
+    for f in followers:
+        f.start()
+    leader = TPLeader(runner_args)
+    runner = leader.runner
     result: dict[str, Any] = {
         "command": " ".join(["python3", *sys.argv]),
         "date": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
         "device": torch.cuda.get_device_name(),
         "torch": torch.__version__,
         "model": args.model,
+        "tp": args.tp,
         "attention_backend": runner.backend_name,
         "cuda_graphs": runner.graphs is not None,
         "runner_start_s": time.perf_counter() - t0,
@@ -208,17 +222,20 @@ def main() -> None:
                     {"batch": batch, "context": context, "skipped": f"needs {pages} KV pages"}
                 )
                 continue
-            row = time_decode(runner, batch, context)
+            row = time_decode(leader, batch, context)
             print(json.dumps(row), flush=True)
             result["decode"].append(row)
             args.out.write_text(json.dumps(result, indent=1) + "\n")
-    for prefix in (0, 8192):
-        row = time_prefill(runner, 8192, prefix)
+    for prefix in () if args.skip_prefill else (0, 8192):
+        row = time_prefill(leader, 8192, prefix)
         print(json.dumps(row), flush=True)
         result["prefill"].append(row)
     if args.profile_dir:
-        profile(runner, args.profile_dir)
+        profile(leader, args.profile_dir)
     args.out.write_text(json.dumps(result, indent=1) + "\n")
+    leader.shutdown()
+    for f in followers:
+        f.join(timeout=60)
 
 
 if __name__ == "__main__":

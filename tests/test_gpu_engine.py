@@ -30,7 +30,7 @@ from engine.messages import TokenizedRequest
 from engine.runner import ModelRunner, RunnerArgs, StepInputs
 from engine.sampling import SamplingParams
 from engine.scheduler import DecodeSlot, Plan, PrefillChunk, SchedulerConfig
-from engine.scheduler_proc.engine import Engine
+from engine.scheduler_proc.engine import Engine, Launched, LaunchFn
 
 pytestmark = [
     pytest.mark.gpu,
@@ -127,16 +127,23 @@ def test_flashinfer_logits_match_torch_backend(reference: ModelRunner, graphs: b
 
 
 def _generate(runner: ModelRunner, prompts: list[list[int]]) -> dict[str, list[int]]:
+    return _generate_with(runner.launch, runner.num_pages, prompts)
+
+
+def _generate_with(
+    launch: LaunchFn, num_pages: int, prompts: list[list[int]]
+) -> dict[str, list[int]]:
+    """Greedy generation through the real scheduler, with overlap (as served on CUDA)."""
     engine = Engine(
-        SchedulerConfig(num_pages=runner.num_pages, max_prefill_tokens=64, max_running=8),
-        runner.launch,
-        [],
+        SchedulerConfig(num_pages=num_pages, max_prefill_tokens=64, max_running=8), launch, []
     )
     for i, ids in enumerate(prompts):
         assert engine.add(TokenizedRequest(f"r{i}", ids, GREEDY, 0.0, 0.0)) is None
     out: dict[str, list[int]] = {}
-    while engine.has_work():
-        for item in engine.step():
+    in_flight: Launched | None = None
+    while engine.has_work() or in_flight is not None:
+        items, in_flight, _ = engine.advance(in_flight, overlap=True)
+        for item in items:
             out.setdefault(item.rid, []).extend(item.token_ids)
     return out
 
@@ -220,3 +227,31 @@ def test_engine_greedy_matches_hf_transformers(reference: ModelRunner) -> None:
         if k is not None:
             top2 = out.scores[k][0].float().topk(2).values
             assert float(top2[0] - top2[1]) < TIE, (i, k, want, mine)
+
+
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two CUDA devices")
+@pytest.mark.timeout(600)
+def test_tp2_greedy_matches_tp1(reference: ModelRunner, tmp_path: Any) -> None:
+    """Two ranks over NCCL (8 query / 4 KV heads each) against one, same dummy weights."""
+    from tp_helpers import tp_leader
+
+    prompts = _prompts()
+    want = _generate(make_runner("flashinfer", graphs=True), prompts)
+    gc.collect()
+    args = RunnerArgs(
+        model=PRESET,
+        dummy_weights=True,
+        device="cuda",
+        num_pages=256,
+        max_running=8,
+        seed=0,
+        tp_size=2,
+        dist_init=f"file://{tmp_path / 'rendezvous'}",
+    )
+    with tp_leader(args) as leader:
+        assert leader.runner.kv.num_kv_heads == 4
+        got = _generate_with(leader.launch, leader.runner.num_pages, prompts)
+        print(f"TP=2 decode graphs: {leader.runner.graphs is not None}")
+    for i, prompt in enumerate(prompts):
+        rid = f"r{i}"
+        assert _divergence_is_a_tie(reference, prompt, want[rid], got[rid]), (rid, want, got)

@@ -11,7 +11,6 @@ import os
 import signal
 import time
 from collections.abc import Iterator
-from contextlib import contextmanager
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -19,6 +18,7 @@ from typing import Any
 import pytest
 import torch
 import torch.multiprocessing as mp
+from tp_helpers import tp_leader
 from transformers import AutoTokenizer
 
 from engine.distributed.parallel import head_partition, split_range
@@ -86,30 +86,6 @@ def prompts() -> list[list[int]]:
         )
         out.append([int(i) for i in (ids if isinstance(ids, list) else ids["input_ids"])])
     return out
-
-
-@contextmanager
-def tp_leader(args: RunnerArgs) -> Iterator[TPLeader]:
-    """Rank 0 here, ranks 1..tp_size-1 as spawned followers; all stopped at the end."""
-    ctx = mp.get_context("spawn")
-    followers = [ctx.Process(target=follower_main, args=(args, r)) for r in range(1, args.tp_size)]
-    for follower in followers:
-        follower.start()
-    leader = None
-    try:
-        leader = TPLeader(args)
-        yield leader
-        leader.shutdown()
-        for follower in followers:
-            follower.join(timeout=30)
-            assert follower.exitcode == 0, f"follower exit code {follower.exitcode}"
-    finally:
-        for follower in followers:
-            if follower.is_alive():
-                follower.kill()
-                follower.join(timeout=10)
-        if leader is not None and torch.distributed.is_initialized():
-            torch.distributed.destroy_process_group()
 
 
 @pytest.fixture

@@ -28,9 +28,13 @@ log = logging.getLogger(__name__)
 
 
 def batch_sizes(max_bs: int) -> list[int]:
-    """1, 2, 4, 8, then every multiple of 16 up to ``max_bs`` (and ``max_bs`` itself)."""
-    sizes = [s for s in (1, 2, 4, 8) if s < max_bs]
-    sizes += list(range(16, max_bs, 16))
+    """1, 2, 4, 8, 16, 32, 48, 64, then every multiple of 32 up to ``max_bs`` (and ``max_bs``).
+
+    Coarse steps cost little: a decode step reads the weights once whatever the batch, and
+    padding rows attend to one scratch token.
+    """
+    small = [1, 2, 4, 8, 16, 32, 48, 64]
+    sizes = [s for s in small if s < max_bs] + list(range(96, max_bs, 32))
     return sorted({*sizes, max_bs})
 
 

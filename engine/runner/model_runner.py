@@ -149,20 +149,7 @@ class ModelRunner:
         self.step_events: list[tuple[torch.cuda.Event, torch.cuda.Event]] | None = None
         self.graphs: DecodeGraphs | None = None
         if self.device.type == "cuda" and args.cuda_graph and backend.supports_graphs:
-            self.graphs = DecodeGraphs(
-                self.model,
-                self.attention,
-                self.kv,
-                min(args.max_running, 256),
-                self.max_pages_per_seq,
-            )
-            seconds = self.graphs.capture()
-            log.info(
-                "rank %d: captured %d decode graphs in %.1fs",
-                tp_rank,
-                len(self.graphs.sizes),
-                seconds,
-            )
+            self.graphs = self._capture_graphs(min(args.max_running, 256))
         log.info(
             "rank %d: %s on %s (%s, %s attention), %d KV pages of %d tokens",
             tp_rank,
@@ -173,6 +160,28 @@ class ModelRunner:
             self.num_pages,
             self.page_size,
         )
+
+    def _capture_graphs(self, max_bs: int) -> DecodeGraphs | None:
+        """Decode graphs up to ``max_bs``; None (decode runs eagerly) if capturing fails."""
+        graphs = DecodeGraphs(self.model, self.attention, self.kv, max_bs, self.max_pages_per_seq)
+        try:
+            seconds = graphs.capture()
+        except RuntimeError as exc:
+            log.warning(
+                "rank %d: CUDA graph capture failed, decoding eagerly: %s", self.tp.rank, exc
+            )
+            torch.cuda.synchronize()
+            return None
+        phases = graphs.capture_s.values()
+        log.info(
+            "rank %d: captured %d decode graphs in %.1fs (warm-up %.1fs, capture %.1fs)",
+            self.tp.rank,
+            len(graphs.sizes),
+            seconds,
+            sum(w for w, _ in phases),
+            sum(c for _, c in phases),
+        )
+        return graphs
 
     def _default_num_pages(self, kv_heads: int) -> int:
         c = self.config
