@@ -10,6 +10,7 @@ from typing import Any
 
 from sim.config import SimConfig, build_config
 from sim.costs import COST_MODELS, ProfileError
+from sim.memory import keep_mmap_threshold
 from sim.traces import TraceError, generate, load_trace
 
 
@@ -151,6 +152,7 @@ def main(argv: list[str] | None = None) -> int:
     _replay_args(sub)
     _gen_args(sub)
     args = parser.parse_args(argv)
+    keep_mmap_threshold()
     try:
         return cmd_replay(args) if args.command == "replay" else cmd_gen(args)
     except (TraceError, ProfileError, ValueError) as exc:

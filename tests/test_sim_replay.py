@@ -38,7 +38,7 @@ def test_replay_writes_the_contracted_outputs(
     requests = pd.read_csv(out / "requests.csv")
     assert list(requests.columns)[: len(REQUEST_COLUMNS)] == list(REQUEST_COLUMNS)
     assert len(requests) == 40 and set(requests["status"]) <= {"completed", "rejected"}
-    steps = pd.read_csv(out / "steps.csv")
+    steps = pd.read_parquet(out / "steps.parquet")
     assert list(steps.columns) == list(STEP_COLUMNS)
     assert (steps["step"].diff().dropna() == 1).all()
     assert (steps["time"].diff().dropna() > 0).all()
