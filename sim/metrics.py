@@ -5,7 +5,8 @@ client - arrival; TPOT = (E2E - TTFT) / (output tokens - 1), for requests with
 more than one token; ITL = gaps between streamed chunks (tokens of one step
 arrive together); E2E = last token at the client - arrival. Goodput counts
 completed requests per second that meet every SLO given (a bound left out is
-not checked; TPOT is not checked for one-token requests).
+not checked; TPOT is not checked for one-token requests); SLO attainment is
+the fraction of all requests that do (a rejected request is a miss).
 """
 
 from __future__ import annotations
@@ -127,6 +128,7 @@ def summarize(
         "input_throughput": per_s(float(done["input_tokens"].sum())),
         "goodput": {
             "value": per_s(float(good.sum())),
+            "attainment": float(good.sum()) / len(requests) if len(requests) else 0.0,
             "slo_ttft_ms": slo_ttft_ms,
             "slo_tpot_ms": slo_tpot_ms,
         },

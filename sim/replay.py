@@ -27,7 +27,7 @@ from sim.jsonsafe import json_safe
 from sim.metrics import request_frame, summarize
 from sim.pipeline import Pipeline, Progress
 from sim.samples import WeightedSamples
-from sim.tables import write_csv, write_parquet
+from sim.tables import STEP_FORMATS, write_csv, write_parquet
 from sim.traces import Trace
 
 PROGRESS_MIN_REQUESTS = 1000
@@ -139,10 +139,6 @@ def queue_frame(p: Pipeline) -> pd.DataFrame:
         }
     )
     return frame.sort_values("time", kind="stable").reset_index(drop=True)
-
-
-STEP_FORMATS = ("parquet", "csv", "none")
-"""How ``write_outputs`` writes the step table: ``steps.parquet``, ``steps.csv``, or not at all."""
 
 
 def write_steps(steps: pd.DataFrame, out_dir: Path, fmt: str) -> None:

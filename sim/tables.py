@@ -10,6 +10,8 @@ from pathlib import Path
 
 import pandas as pd
 
+STEP_FORMATS = ("parquet", "csv", "none")
+"""How ``sim replay`` writes the step table: ``steps.parquet``, ``steps.csv``, or not at all."""
 PARQUET_ROW_GROUP = 1 << 16
 """Rows per Parquet row group: the writer holds one group's buffers at a time."""
 
