@@ -49,11 +49,16 @@ ROOT = Path(__file__).resolve().parents[1]
 
 @dataclass(frozen=True, slots=True)
 class Probe:
-    """A replay to run: the configuration's fields and the rate scale; ``key`` names its row."""
+    """A replay to run: the configuration's fields and the rate scale; ``key`` names its row.
+
+    ``error`` says why the knobs make no valid configuration; such a probe fails
+    without running.
+    """
 
     config: dict[str, Any]
     rate_scale: float
     key: str
+    error: str = ""
 
 
 def run_probe(trace: Trace, probe: Probe) -> dict[str, Any]:
@@ -61,6 +66,8 @@ def run_probe(trace: Trace, probe: Probe) -> dict[str, Any]:
     from sim.replay import run_replay
     from sim.report.verdict import bottleneck_verdict
 
+    if probe.error:
+        return failed_row(probe, probe.error)
     started = time.perf_counter()
     try:
         config = SimConfig(**probe.config)

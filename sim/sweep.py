@@ -62,12 +62,13 @@ def plan_grid(
         fields = {k: v for k, v in overrides.items() if k != RATE_SCALE}
         try:
             config = build_config(config_file, **{**fields, **knobs})
+            values = config.to_dict()
         except (TypeError, ValueError) as exc:
-            raw = {**fields, **knobs, "error": str(exc)}
+            raw = {**fields, **knobs}
             key = hashlib.sha256(json.dumps(raw, sort_keys=True, default=str).encode())
-            probes.append(Probe(raw, scale, "invalid-" + key.hexdigest()[:12]))
+            error = f"invalid configuration: {type(exc).__name__}: {exc}"
+            probes.append(Probe(raw, scale, "invalid-" + key.hexdigest()[:12], error))
             continue
-        values = config.to_dict()
         values.pop("resolved_num_pages")
         probes.append(Probe(values, scale, probe_key(digest, limit, config, scale)))
     return Plan(points, probes)
