@@ -13,7 +13,8 @@ mean arrival rate (requests over the span of arrivals) in requests per second.
 With the traffic split evenly over ``N`` replicas each sees rate scale
 ``1 / N``, so the trace's own rate needs ``ceil(1 / lo)`` replicas. The binding
 limit (``sim.report.verdict``) is reported at ``lo`` and at ``hi``, the lowest
-failing scale: the limit that binds at the edge. Bisection assumes attainment
+failing scale: the limit that binds at the edge; with it, at ``hi``, the stage
+that takes the largest share of TTFT and how busy the engine is. Bisection assumes attainment
 falls as the rate rises; all probes are listed in ``probes.csv``.
 
 All configurations search at once: each round runs one probe per unfinished
@@ -136,6 +137,8 @@ def capacity_table(
                 "first_failing_scale": s.hi,
                 "attainment_above": above.get("slo_attainment"),
                 "binding_limit_above": above.get("binding_limit"),
+                "ttft_stage_above": above.get("dominant_ttft_stage"),
+                "engine_busy_above": above.get("engine_busy"),
                 "ttft_ms_p90_at_max": at.get("ttft_ms_p90"),
                 "tpot_ms_p90_at_max": at.get("tpot_ms_p90"),
                 "output_throughput_at_max": at.get("output_throughput"),

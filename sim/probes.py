@@ -39,7 +39,8 @@ METRIC_COLUMNS = (
     "num_requests", "completed", "rejected", "duration_s", "request_throughput",
     "output_throughput", "input_throughput", "goodput", "slo_attainment",
     *(f"{m}_{q}" for m in LATENCY_METRICS for q in QUANTILES),
-    "prefix_hit_rate", "num_steps", "kv_pages", "binding_limit",
+    "prefix_hit_rate", "num_steps", "kv_pages", "engine_busy", "binding_limit",
+    "dominant_ttft_stage",
 )  # fmt: skip
 """The result columns of a row, after its knobs and before ``status``/``error``/``key``."""
 SUMMARY_COLUMNS = METRIC_COLUMNS[:7]
@@ -84,7 +85,12 @@ def run_probe(trace: Trace, probe: Probe) -> dict[str, Any]:
     for m in LATENCY_METRICS:
         row.update({f"{m}_{q}": s[m][q] for q in QUANTILES})
     row.update(prefix_hit_rate=s["prefix_hit_rate"], num_steps=s["num_steps"])
-    row.update(kv_pages=s["config"]["resolved_num_pages"], binding_limit=limit["binding_limit"])
+    row.update(
+        kv_pages=s["config"]["resolved_num_pages"],
+        engine_busy=limit["evidence"]["busy_fraction"],
+        binding_limit=limit["binding_limit"],
+        dominant_ttft_stage=limit["dominant_ttft_stage"],
+    )
     row.update(status="ok", error="", key=probe.key)
     row["wall_s"] = time.perf_counter() - started  # kept in the cache, not in result tables
     return row

@@ -142,7 +142,7 @@ def cmd_capacity(args: argparse.Namespace) -> int:
     write_capacity_page(run.out, f"sim capacity: {args.trace.name}", subtitle, capacity,
                         probes, run.knobs, args.attainment)  # fmt: skip
     cols = ["config_id", *run.knobs, "max_rate_scale", "max_request_rate", "replicas",
-            "binding_limit_at_max", "binding_limit_above", "error"]  # fmt: skip
+            "binding_limit_at_max", "binding_limit_above", "ttft_stage_above", "error"]  # fmt: skip
     print(f"trace rate {rate:.2f} req/s; SLO attainment >= {args.attainment:g}")
     print(capacity[cols].to_string(index=False, float_format="%.3f"))
     print(f"\noutputs in {run.out}/ (capacity.csv, capacity.parquet, probes.csv, capacity.html)")
