@@ -69,7 +69,7 @@ class TokenDelivery:
         self.num_steps += len(ends)
 
     def deliver(self) -> Delivered:
-        """Time all recorded steps; see the module docstring."""
+        """Time all recorded steps (see the module docstring); the records are let go."""
         lengths = np.frombuffer(self._lengths, dtype=np.int64)
         batch = np.frombuffer(self._batch, dtype=np.int64)
         arrive = np.frombuffer(self._ends, dtype=np.float64) + self.ipc
@@ -89,7 +89,8 @@ class TokenDelivery:
         )
         detokenize_s = np.bincount(g_req, weights=np.repeat(block_detok, batch), minlength=n)
         between = self._gaps_between(client, g_req, g_first, g_last)
-        del g_first, g_last
+        del g_first, g_last, g_req
+        self._ends, self._members = array("d"), array("q")
         within = self._gaps_within(client, first, lengths, batch)
         once = np.ones(len(between), np.int32)
         itl = WeightedSamples.join([WeightedSamples(between, once), within])

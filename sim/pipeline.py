@@ -14,9 +14,13 @@ scheduler, whichever comes first; interrupted at t, it applies the steps that
 started before t (the one in flight included) and carries on. Decisions and
 times equal those of stepping one by one.
 
-Token times: a step's tokens leave the GPU at the step's end, travel to the
-detokenizer (an exact FIFO queue, see ``DetokenizerQueue``), and reach the
-client one IPC hop later; that client time is what TTFT, ITL and E2E use.
+The stages before the scheduler push nothing back, so ``sim.frontend`` times
+them for every request before the run and one arrival process feeds the
+scheduler. Token times: a step's tokens leave the GPU at the step's end,
+travel to the detokenizer (an exact FIFO queue) and reach the client one IPC
+hop later; that client time is what TTFT, ITL and E2E use. The loop records
+which requests each step served and ``sim.delivery`` times them all after the
+run.
 """
 
 from __future__ import annotations
@@ -62,11 +66,12 @@ TIME_FIELDS = (
 
 
 def _delay_to(now: float, t: float) -> float:
-    """A delay ``d`` with ``now + d == t`` in floats, so that an event lands exactly at ``t``."""
+    """The smallest delay ``d`` with ``now + d >= t`` in floats: an event lands at ``t``, or
+    one unit of the last place later where no delay reaches ``t`` exactly."""
     d = t - now
     while now + d < t:
         d = math.nextafter(d, math.inf)
-    while now + d > t:
+    while d > 0 and now + math.nextafter(d, -math.inf) >= t:
         d = math.nextafter(d, -math.inf)
     return d
 
@@ -136,11 +141,13 @@ class Pipeline:
         self._deliver()
 
     def _arrivals(self) -> Generator[simpy.Event, Any, None]:
-        """Requests reach the scheduler at their ``sched_arrival`` (``sim.frontend``)."""
+        """Requests reach the scheduler at their ``sched_arrival`` (``sim.frontend``), as
+        the clock can land on it (``_delay_to``)."""
         env, at = self.env, self.front.sched_arrival
         for i in sorted(range(len(at)), key=at.__getitem__):
             if at[i] > env.now:
                 yield env.timeout(_delay_to(env.now, at[i]))
+            at[i] = env.now
             self._not_arrived -= 1
             self._inbox.append(i)
             self._sample_scheduler_queue(env.now)
@@ -310,19 +317,14 @@ class Pipeline:
         batch = len(run.rids)
         index = self.index
         self.delivery.run(starts + durations, [index[rid] for rid in run.rids])
-        new_pages = run.new_pages
-        pages = (
-            stats.pages_held + np.asarray(new_pages, dtype=np.int64).cumsum()
-            if any(new_pages)
-            else stats.pages_held
-        )
         self.steps.add_run(
-            np.arange(run.first_step, run.first_step + j),
+            run.first_step,
             starts,
             durations,
             batch,
-            np.arange(1, j + 1) * batch + run.context_tokens,
-            pages,
+            run.context_tokens,
+            stats.pages_held,
+            run.new_pages,
             stats.num_waiting,
             stats.num_running,
             run.blocked,

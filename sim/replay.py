@@ -96,6 +96,12 @@ def run_replay(
     steps = pipeline.steps.frame()
     queues = queue_frame(pipeline)
     itl = pipeline.itl()
+    fast_forward = {
+        "enabled": config.fast_forward,
+        "runs": pipeline.num_runs,
+        "steps_in_runs": pipeline.steps_in_runs,
+    }
+    del pipeline  # its records are in the frames now; the summary's work needs the room
     stats = scheduler.stats()
     summary = summarize(
         requests,
@@ -109,11 +115,7 @@ def run_replay(
     summary["cost_model"] = gpu.describe()
     summary["cpu_costs"] = cpu.describe()
     summary["trace"] = trace.describe()
-    summary["fast_forward"] = {
-        "enabled": config.fast_forward,
-        "runs": pipeline.num_runs,
-        "steps_in_runs": pipeline.steps_in_runs,
-    }
+    summary["fast_forward"] = fast_forward
     summary["wall_s"] = time.perf_counter() - wall0
     return ReplayResult(json_safe(summary), requests, steps, queues, itl, scheduler)
 

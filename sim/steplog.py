@@ -1,7 +1,8 @@
-"""Per-step records, kept as typed numpy columns so that a fast-forwarded run costs one slice."""
+"""Per-step records, kept as blocks (a step, or a fast-forwarded run) and expanded once."""
 
 from __future__ import annotations
 
+from array import array
 from typing import Any
 
 import numpy as np
@@ -43,15 +44,24 @@ STEP_DTYPES: dict[str, type[np.generic]] = {
 }
 """Column types: per-step counts are 32-bit (a batch's context stays far below 2^31 tokens);
 the cumulative token counters are 64-bit."""
-CHUNK_ROWS = 1 << 16
-"""Rows of one column chunk; a full chunk is kept and a new one started (no regrowth copies)."""
+BLOCK_FIELDS = (
+    "first_step", "batch_size", "prefill_tokens", "decode_requests", "context_tokens",
+    "context_growth", "kv_pages_held", "num_waiting", "num_running", "preempted", "blocked",
+    "cached_tokens", "prompt_tokens",
+)  # fmt: skip
+"""What a block records once for all its steps (see ``StepLog``)."""
 
 
 class StepLog:
-    """Rows of the step table in step order, one typed numpy column per field.
+    """Rows of the step table in step order, recorded as blocks of steps.
 
-    Columns grow in fixed chunks; ``frame()`` joins each column once, so the
-    table is held at its final size plus one column at most.
+    A block is one step or a run of ``k`` identical pure-decode steps. Each step
+    keeps its own start time, duration and newly allocated pages; a block keeps
+    the rest once: step ``i`` of a block has step number ``first_step + i``,
+    context ``context_tokens + context_growth * (i + 1)`` (a run's batch grows
+    every context by one token a step; a single step has growth 0) and
+    ``kv_pages_used`` = ``kv_pages_held`` plus the pages allocated by steps
+    ``0..i`` of the block. ``frame()`` expands the blocks into typed columns.
 
     ``kv_pages_used`` counts the pages held by requests once the step's plan is
     made: used pages minus the prefix cache's evictable (unreferenced) pages,
@@ -62,15 +72,13 @@ class StepLog:
 
     def __init__(self, kv_pages_total: int) -> None:
         self.kv_pages_total = kv_pages_total
-        self._full: dict[str, list[np.ndarray]] = {name: [] for name in STEP_COLUMNS}
-        self._chunk = self._new_chunk(CHUNK_ROWS)
-        self._used = 0  # rows used in the current chunk
+        self._time = array("d")
+        self._duration = array("d")
+        self._new_pages = array("i")
+        self._lengths = array("q")
+        self._blocks = array("q")  # BLOCK_FIELDS of each block, block after block
         self._blocked: dict[str, int] = {"": 0}
         self.num_steps = 0
-
-    @staticmethod
-    def _new_chunk(rows: int) -> dict[str, np.ndarray]:
-        return {name: np.empty(rows, dtype=STEP_DTYPES[name]) for name in STEP_COLUMNS}
 
     def _code(self, blocked: str) -> int:
         code = self._blocked.get(blocked)
@@ -78,17 +86,10 @@ class StepLog:
             code = self._blocked[blocked] = len(self._blocked)
         return code
 
-    def _reserve(self, rows: int) -> int:
-        """Room for ``rows`` more rows in the current chunk; the index of the first."""
-        i = self._used
-        if i + rows > len(self._chunk["step"]):
-            for name, column in self._chunk.items():
-                self._full[name].append(column[:i])
-            self._chunk = self._new_chunk(max(CHUNK_ROWS, rows))
-            i = 0
-        self._used = i + rows
-        self.num_steps += rows
-        return i
+    def _block(self, k: int, values: tuple[int, ...]) -> None:
+        self._lengths.append(k)
+        self._blocks.extend(values)
+        self.num_steps += k
 
     def add(
         self,
@@ -107,54 +108,80 @@ class StepLog:
         cached_tokens: int,
         prompt_tokens: int,
     ) -> None:
-        row = (step, time, duration, batch_size, prefill_tokens, decode_requests, context_tokens,
-               kv_pages_used, self.kv_pages_total, num_waiting, num_running, preempted,
-               self._code(blocked), cached_tokens, prompt_tokens)  # fmt: skip
-        i = self._reserve(1)
-        for column, value in zip(self._chunk.values(), row, strict=True):
-            column[i] = value
+        self._time.append(time)
+        self._duration.append(duration)
+        self._new_pages.append(0)
+        self._block(1, (step, batch_size, prefill_tokens, decode_requests, context_tokens, 0,
+                        kv_pages_used, num_waiting, num_running, preempted, self._code(blocked),
+                        cached_tokens, prompt_tokens))  # fmt: skip
 
     def add_run(
         self,
-        step: np.ndarray,
+        first_step: int,
         time: np.ndarray,
         duration: np.ndarray,
         batch_size: int,
-        context_tokens: np.ndarray,
-        kv_pages_used: np.ndarray | int,
+        context_tokens: int,
+        kv_pages_held: int,
+        new_pages: tuple[int, ...],
         num_waiting: int,
         num_running: int,
         blocked: str,
         cached_tokens: int,
         prompt_tokens: int,
     ) -> None:
-        """A fast-forwarded run of pure-decode steps (no prefill, no preemption): one entry
-        per step in the arrays, scalars repeat."""
-        row = (step, time, duration, batch_size, 0, batch_size, context_tokens, kv_pages_used,
-               self.kv_pages_total, num_waiting, num_running, 0, self._code(blocked),
-               cached_tokens, prompt_tokens)  # fmt: skip
-        i = self._reserve(len(step))
-        j = i + len(step)
-        for column, value in zip(self._chunk.values(), row, strict=True):
-            column[i:j] = value
+        """A fast-forwarded run of pure-decode steps (no prefill, no preemption):
+        ``context_tokens`` before its first step, ``new_pages`` allocated by each step."""
+        self._time.frombytes(time.astype(np.float64, copy=False).tobytes())
+        self._duration.frombytes(duration.astype(np.float64, copy=False).tobytes())
+        self._new_pages.extend(new_pages)
+        self._block(len(time), (first_step, batch_size, 0, batch_size, context_tokens,
+                                batch_size, kv_pages_held, num_waiting, num_running, 0,
+                                self._code(blocked), cached_tokens, prompt_tokens))  # fmt: skip
 
     @property
     def blocked_names(self) -> list[str]:
         """The ``blocked`` categories, by code."""
         return sorted(self._blocked, key=self._blocked.__getitem__)
 
+    def _per_block(self, name: str) -> np.ndarray:
+        table = np.frombuffer(self._blocks, dtype=np.int64).reshape(-1, len(BLOCK_FIELDS))
+        return table[:, BLOCK_FIELDS.index(name)]
+
+    def _column(self, name: str, lengths: np.ndarray, within: np.ndarray) -> np.ndarray:
+        """One column, expanded from the blocks (``within``: each step's index in its block)."""
+        dtype = STEP_DTYPES[name]
+        if name in ("time", "duration_s"):  # shared, not copied: the log takes no more steps
+            return np.frombuffer(self._time if name == "time" else self._duration)
+        if name == "kv_pages_total":
+            return np.full(len(within), self.kv_pages_total, dtype=dtype)
+        if name == "step":
+            out = np.repeat(self._per_block("first_step").astype(dtype), lengths)
+            out += within
+            return out
+        if name == "context_tokens":
+            out = np.repeat(self._per_block("context_growth").astype(dtype), lengths)
+            out *= within + 1
+            out += np.repeat(self._per_block(name).astype(dtype), lengths)
+            return out
+        if name == "kv_pages_used":
+            new = np.frombuffer(self._new_pages, dtype=np.int32)
+            allocated = np.cumsum(new, dtype=np.int64)  # then: minus what earlier blocks took
+            starts = np.cumsum(lengths) - lengths
+            before = allocated[starts] - new[starts] - self._per_block("kv_pages_held")
+            allocated -= np.repeat(before, lengths)
+            return allocated.astype(dtype)
+        return np.repeat(self._per_block(name).astype(dtype), lengths)
+
     def frame(self) -> pd.DataFrame:
         """All rows, columns in ``STEP_COLUMNS`` order (``blocked`` as a categorical).
 
-        Each column's chunks are joined in turn and the joined column replaces
-        them, so the table is never held twice; the frame shares that memory.
+        The time columns share the log's memory, so the log takes no more steps.
         """
-        data: dict[str, Any] = {}
-        for name in STEP_COLUMNS:
-            joined = np.concatenate([*self._full[name], self._chunk[name][: self._used]])
-            self._full[name] = [joined]
-            data[name] = joined
-        self._chunk = self._new_chunk(CHUNK_ROWS)
-        self._used = 0
+        lengths = np.frombuffer(self._lengths, dtype=np.int64)
+        within = np.arange(self.num_steps, dtype=np.int32)
+        within -= np.repeat((np.cumsum(lengths) - lengths).astype(np.int32), lengths)
+        data: dict[str, Any] = {name: self._column(name, lengths, within) for name in STEP_COLUMNS}
+        del within
         data["blocked"] = pd.Categorical.from_codes(data["blocked"], categories=self.blocked_names)
         return pd.DataFrame(data, columns=list(STEP_COLUMNS), copy=False)
