@@ -66,13 +66,11 @@ TIME_FIELDS = (
 
 
 def _delay_to(now: float, t: float) -> float:
-    """The smallest delay ``d`` with ``now + d >= t`` in floats: an event lands at ``t``, or
-    one unit of the last place later where no delay reaches ``t`` exactly."""
+    """A delay ``d`` with ``now + d >= t`` in floats, landing on ``t`` or the float after it
+    (where no delay from ``now`` reaches ``t`` exactly)."""
     d = t - now
     while now + d < t:
-        d = math.nextafter(d, math.inf)
-    while d > 0 and now + math.nextafter(d, -math.inf) >= t:
-        d = math.nextafter(d, -math.inf)
+        d += math.ulp(now + d)
     return d
 
 
