@@ -29,6 +29,7 @@ from typing import Any
 
 import pandas as pd
 
+from sim.config import SimConfig
 from sim.executor import Executor
 from sim.probes import Probe, RowCache, probe_key, run_probes
 from sim.sweep import Plan
@@ -73,10 +74,8 @@ class Search:
 
 def probe_at(probe: Probe, scale: float, trace_digest: str, limit: int | None) -> Probe:
     """``probe`` at another rate scale (an invalid configuration keeps its failing key)."""
-    if probe.key.startswith("invalid-"):
+    if probe.error:
         return replace(probe, rate_scale=scale)
-    from sim.config import SimConfig
-
     key = probe_key(trace_digest, limit, SimConfig(**probe.config), scale)
     return Probe(probe.config, scale, key)
 

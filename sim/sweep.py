@@ -58,16 +58,15 @@ def plan_grid(
     points, probes = expand(grid), []
     for point in points:
         knobs = {k: v for k, v in point.items() if k != RATE_SCALE}
-        scale = float(point.get(RATE_SCALE, overrides.get(RATE_SCALE) or 1.0))
-        fields = {k: v for k, v in overrides.items() if k != RATE_SCALE}
+        scale = float(point.get(RATE_SCALE, 1.0))
+        fields = {**overrides, **knobs}
         try:
-            config = build_config(config_file, **{**fields, **knobs})
+            config = build_config(config_file, **fields)
             values = config.to_dict()
         except (TypeError, ValueError) as exc:
-            raw = {**fields, **knobs}
-            key = hashlib.sha256(json.dumps(raw, sort_keys=True, default=str).encode())
+            key = hashlib.sha256(json.dumps(fields, sort_keys=True, default=str).encode())
             error = f"invalid configuration: {type(exc).__name__}: {exc}"
-            probes.append(Probe(raw, scale, "invalid-" + key.hexdigest()[:12], error))
+            probes.append(Probe(fields, scale, "invalid-" + key.hexdigest()[:12], error))
             continue
         values.pop("resolved_num_pages")
         probes.append(Probe(values, scale, probe_key(digest, limit, config, scale)))

@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
+from conftest import descendants, wait_gone
 
 from sim.cli import main
-from tests.conftest import descendants, wait_gone
 
 ray = pytest.importorskip("ray", reason="Ray is the optional 'cluster' extra")
 ROOT = Path(__file__).resolve().parents[1]
