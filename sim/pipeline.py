@@ -9,15 +9,19 @@ The scheduler process is ``sim.engine_loop.EngineLoop``: it adds the requests
 that reached the scheduler and makes the core's calls in the engine's order,
 strict or overlapped, fast-forwarding runs of identical decode steps.
 
-Token times: a step's tokens leave the engine when its plan is completed,
-travel to the detokenizer (an exact FIFO queue, see ``DetokenizerQueue``), and
-reach the client one IPC hop later; that client time is what TTFT, ITL and E2E
-use.
+The stages before the scheduler push nothing back, so ``sim.frontend`` times
+them for every request before the run and one arrival process feeds the
+scheduler. Token times: a step's tokens leave the engine when its plan is
+completed, travel to the detokenizer (an exact FIFO queue) and reach the client
+one IPC hop later; that client time is what TTFT, ITL and E2E use. The loop
+records which requests each step served and ``sim.delivery`` times them all
+after the run.
 """
 
 from __future__ import annotations
 
 import math
+from array import array
 from collections.abc import Generator
 from typing import Any
 
@@ -34,12 +38,17 @@ from engine.scheduler import (
     TokenOut,
 )
 from sim.costs.base import CpuCosts, GpuCostModel, StepShape
-from sim.detokenizer import DetokenizerQueue
+from sim.delivery import Delivered, TokenDelivery
 from sim.engine_loop import EngineLoop
+from sim.frontend import front_times
+from sim.samples import WeightedSamples
 from sim.steplog import StepLog
 from sim.traces.record import TraceRequest
 
 NAN = math.nan
+FRONT_FIELDS = ("arrival", "parsed", "tokenizer_enter", "tokenize_start", "tokenized",
+                "sched_arrival")  # fmt: skip
+"""Times that ``sim.frontend`` computes before the run; the others fill in during it."""
 TIME_FIELDS = (
     "arrival",
     "parsed",
@@ -51,6 +60,15 @@ TIME_FIELDS = (
     "first_token",
     "finished",
 )
+
+
+def _delay_to(now: float, t: float) -> float:
+    """A delay ``d`` with ``now + d >= t`` in floats, landing on ``t`` or the float after it
+    (where no delay from ``now`` reaches ``t`` exactly)."""
+    d = t - now
+    while now + d < t:
+        d += math.ulp(now + d)
+    return d
 
 
 class Progress:
@@ -85,25 +103,23 @@ class Pipeline:
         self.fast_forward = fast_forward
         self.max_run_steps = max_run_steps
         self.progress = progress or Progress()
-        self.frontend = simpy.Resource(self.env, capacity=1)  # one asyncio event loop
-        self.tokenizers = simpy.Resource(self.env, capacity=num_tokenizers)
+        self.front = front_times(requests, cpu, num_tokenizers)
         n = len(requests)
         self.index = {r.rid: i for i, r in enumerate(requests)}
-        self.times: dict[str, list[float]] = {f: [NAN] * n for f in TIME_FIELDS}
+        self.times: dict[str, Any] = {f: array("d", [NAN]) * n for f in TIME_FIELDS}
+        for f in FRONT_FIELDS:
+            self.times[f] = getattr(self.front, f)
         self.status = ["pending"] * n
         self.reason = [""] * n
-        self.output_tokens = [0] * n
         self.cached_tokens = [0] * n
         self.preemptions = [0] * n
-        self.detokenize_s = [0.0] * n
-        self.last_chunk = [NAN] * n
         self.reqs: list[Request | None] = [None] * n
-        self.itl_single: list[float] = []
-        self.itl_runs: list[tuple[np.ndarray, int]] = []
         self.steps = StepLog(scheduler.config.num_pages)
-        self.detok = DetokenizerQueue(cpu.detokenize)
+        self.delivery = TokenDelivery(n, cpu.ipc, cpu.detokenize)
+        self.first_step = [-1] * n  # delivery step of each request's first token
+        self.finish_step = [-1] * n  # delivery step that finished it, if it carried tokens
+        self.delivered: Delivered | None = None
         self.queue_samples: list[tuple[float, str, int]] = []
-        self._waiting_in = {"frontend": 0, "tokenizer": 0}
         self._sched_waiting = -1
         self._inbox: list[int] = []
         self._wake: simpy.Event | None = None
@@ -117,49 +133,21 @@ class Pipeline:
         self.env.process(self._arrivals())
         engine = self.env.process(EngineLoop(self).run())
         self.env.run(until=engine)
+        self._deliver()
 
     def _arrivals(self) -> Generator[simpy.Event, Any, None]:
-        env = self.env
-        for i, tr in enumerate(self.trace):
-            if tr.arrival > env.now:
-                yield env.timeout(tr.arrival - env.now)
-            env.process(self._request(i, tr))
-
-    def _request(self, i: int, tr: TraceRequest) -> Generator[simpy.Event, Any, None]:
-        env, cpu, times = self.env, self.cpu, self.times
-        times["arrival"][i] = env.now
-        loop = self.frontend.request()
-        yield from self._queue(loop, "frontend")
-        yield env.timeout(cpu.frontend)
-        self.frontend.release(loop)
-        times["parsed"][i] = env.now
-        yield env.timeout(cpu.ipc)
-        times["tokenizer_enter"][i] = env.now
-        slot = self.tokenizers.request()
-        yield from self._queue(slot, "tokenizer")
-        times["tokenize_start"][i] = env.now
-        yield env.timeout(cpu.tokenize * tr.input_length)
-        self.tokenizers.release(slot)
-        times["tokenized"][i] = env.now
-        yield env.timeout(cpu.ipc)
-        times["sched_arrival"][i] = env.now
-        self._not_arrived -= 1
-        self._inbox.append(i)
-        self.sample_scheduler_queue(env.now)
-        if self._wake is not None and not self._wake.triggered:
-            self._wake.succeed()
-
-    def _queue(self, grant: simpy.Event, stage: str) -> Generator[simpy.Event, Any, None]:
-        """Wait for ``grant``; a request that has to wait is counted in ``stage``'s queue."""
-        if grant.triggered:
-            yield grant
-            return
-        waiting = self._waiting_in
-        waiting[stage] += 1
-        self.queue_samples.append((self.env.now, stage, waiting[stage]))
-        yield grant
-        waiting[stage] -= 1
-        self.queue_samples.append((self.env.now, stage, waiting[stage]))
+        """Requests reach the scheduler at their ``sched_arrival`` (``sim.frontend``), as
+        the clock can land on it (``_delay_to``)."""
+        env, at = self.env, self.front.sched_arrival
+        for i in sorted(range(len(at)), key=at.__getitem__):
+            if at[i] > env.now:
+                yield env.timeout(_delay_to(env.now, at[i]))
+            at[i] = env.now
+            self._not_arrived -= 1
+            self._inbox.append(i)
+            self.sample_scheduler_queue(env.now)
+            if self._wake is not None and not self._wake.triggered:
+                self._wake.succeed()
 
     def wait_for_arrival(self) -> simpy.Event:
         self._wake = self.env.event()
@@ -227,52 +215,35 @@ class Pipeline:
         )
 
     def handle_events(self, plan: Plan, events: list[Any], end: float) -> None:
-        """The events of ``plan``'s completion; its tokens leave the engine at ``end``."""
-        ntokens = sum(1 for e in events if type(e) is TokenOut)
-        client = detok = NAN
-        if ntokens:
-            arrive = end + self.cpu.ipc
-            depart = self.detok.serve_one(arrive, ntokens)
-            client = depart + self.cpu.ipc
-            detok = depart - arrive
-        times = self.times
-        first_token, finished, last = times["first_token"], times["finished"], self.last_chunk
+        """Count a step's events; its tokens are timed to the client by ``_deliver``."""
+        g = self.delivery.num_steps
+        members: list[int] = []
+        finished: list[int] = []
+        index, times = self.index, self.times
         for e in events:
-            i = self.index[e.rid]
+            i = index[e.rid]
             kind = type(e)
             if kind is TokenOut:
-                self.output_tokens[i] += 1
-                self.detokenize_s[i] += detok
+                members.append(i)
                 if e.first:
-                    first_token[i] = client
-                else:
-                    self.itl_single.append(client - last[i])
-                last[i] = client
+                    self.first_step[i] = g
             elif kind is Finished:
-                finished[i] = client if ntokens else end
+                finished.append(i)
+                times["finished"][i] = end
                 self.status[i] = "completed"
+                self.reqs[i] = None  # the core has let go of it; its token list can go too
                 self._end_request()
             elif kind is Preempted:
                 self.preemptions[i] += 1
+        if members:
+            self.delivery.step(end, members)
+            for i in finished:
+                self.finish_step[i] = g
 
     def tokens_of_run(self, rids: tuple[str, ...], leave: np.ndarray) -> None:
         """One token per request in ``rids`` leaving the engine at each time of ``leave``."""
-        batch = len(rids)
-        arrive = leave + self.cpu.ipc
-        depart = self.detok.serve_run(arrive, batch)
-        client = depart + self.cpu.ipc
-        detok_total = float(np.sum(depart - arrive))
-        last, out, detok = self.last_chunk, self.output_tokens, self.detokenize_s
-        first_client = float(client[0])
-        j = len(leave)
-        for rid in rids:
-            i = self.index[rid]
-            self.itl_single.append(first_client - last[i])
-            last[i] = float(client[-1])
-            out[i] += j
-            detok[i] += detok_total
-        if j > 1:
-            self.itl_runs.append((np.diff(client), batch))
+        index = self.index
+        self.delivery.run(leave, [index[rid] for rid in rids])
 
     def _end_request(self) -> None:
         self._done += 1
@@ -285,7 +256,20 @@ class Pipeline:
             self.queue_samples.append((now, "scheduler", waiting))
 
     # ------------------------------------------------------------------ results
-    def itl(self) -> np.ndarray:
-        parts = [np.asarray(self.itl_single, dtype=np.float64)]
-        parts += [np.tile(gaps, batch) for gaps, batch in self.itl_runs]
-        return np.concatenate(parts)
+    def _deliver(self) -> None:
+        """Time the recorded token deliveries; fill the client-side times of each request."""
+        delivered = self.delivered = self.delivery.deliver()
+        client = delivered.client
+        first_token, finished = self.times["first_token"], self.times["finished"]
+        for i, g in enumerate(self.first_step):
+            if g >= 0:
+                first_token[i] = float(client[g])
+        for i, g in enumerate(self.finish_step):
+            if g >= 0:
+                finished[i] = float(client[g])
+
+    def itl(self) -> WeightedSamples:
+        """Pooled gaps between consecutive streamed chunks of each request (after ``run``)."""
+        if self.delivered is None:
+            raise RuntimeError("itl() before run()")
+        return self.delivered.itl_s

@@ -1,7 +1,8 @@
 """``sim replay``: run a trace through the pipeline and write its outputs.
 
-Outputs in ``out_dir``: ``requests.csv``, ``steps.csv``, ``queues.csv``,
-``summary.json`` and, when ``sim.report`` is available, ``report.html``.
+Outputs in ``out_dir``: ``requests.csv``, the step table (``steps.csv`` by
+default, the compact ``steps.parquet`` on request, or none), ``queues.csv``, ``summary.json``
+and, when ``sim.report`` is available, ``report.html``.
 """
 
 from __future__ import annotations
@@ -25,6 +26,8 @@ from sim.costs.base import CpuCosts, GpuCostModel
 from sim.jsonsafe import json_safe
 from sim.metrics import request_frame, summarize
 from sim.pipeline import Pipeline, Progress
+from sim.samples import WeightedSamples
+from sim.tables import STEP_FORMATS, write_csv, write_parquet
 from sim.traces import Trace
 
 PROGRESS_MIN_REQUESTS = 1000
@@ -36,7 +39,7 @@ class ReplayResult:
     requests: pd.DataFrame
     steps: pd.DataFrame
     queues: pd.DataFrame
-    itl_s: np.ndarray
+    itl_s: WeightedSamples
     scheduler: Any  # the Scheduler (or RecordingScheduler) that was driven
 
 
@@ -93,6 +96,12 @@ def run_replay(
     steps = pipeline.steps.frame()
     queues = queue_frame(pipeline)
     itl = pipeline.itl()
+    fast_forward = {
+        "enabled": config.fast_forward,
+        "runs": pipeline.num_runs,
+        "steps_in_runs": pipeline.steps_in_runs,
+    }
+    del pipeline  # its records are in the frames now; the summary's work needs the room
     stats = scheduler.stats()
     summary = summarize(
         requests,
@@ -106,36 +115,52 @@ def run_replay(
     summary["cost_model"] = gpu.describe()
     summary["cpu_costs"] = cpu.describe()
     summary["trace"] = trace.describe()
-    summary["fast_forward"] = {
-        "enabled": config.fast_forward,
-        "runs": pipeline.num_runs,
-        "steps_in_runs": pipeline.steps_in_runs,
-    }
+    summary["fast_forward"] = fast_forward
     summary["wall_s"] = time.perf_counter() - wall0
     return ReplayResult(json_safe(summary), requests, steps, queues, itl, scheduler)
 
 
 def queue_frame(p: Pipeline) -> pd.DataFrame:
-    times = [t for t, _, _ in p.queue_samples]
-    stages = [s for _, s, _ in p.queue_samples]
-    lens = [n for _, _, n in p.queue_samples]
-    dt, dn = p.detok.queue_samples()
+    """Queue length per stage at each change, in time order (stable within a time)."""
+    if p.delivered is None:
+        raise RuntimeError("queue_frame() before the pipeline ran")
+    parts = [p.front.queue_samples("frontend"), p.front.queue_samples("tokenizer")]
+    parts.append(
+        (
+            np.asarray([t for t, _, _ in p.queue_samples], dtype=np.float64),
+            np.asarray([n for _, _, n in p.queue_samples], dtype=np.int64),
+        )
+    )
+    parts.append((p.delivered.queue_times, p.delivered.queue_lengths))
+    names = ("frontend", "tokenizer", "scheduler", "detokenizer")
     frame = pd.DataFrame(
         {
-            "time": np.concatenate([np.asarray(times, dtype=np.float64), dt]),
-            "stage": stages + ["detokenizer"] * len(dt),
-            "queue_len": np.concatenate([np.asarray(lens, dtype=np.int64), dn]),
+            "time": np.concatenate([t for t, _ in parts]),
+            "stage": np.repeat(names, [len(t) for t, _ in parts]),
+            "queue_len": np.concatenate([n for _, n in parts]).astype(np.int64),
         }
     )
     return frame.sort_values("time", kind="stable").reset_index(drop=True)
 
 
-def write_outputs(result: ReplayResult, out_dir: Path, *, report: bool = True) -> dict[str, Any]:
+def write_steps(steps: pd.DataFrame, out_dir: Path, fmt: str) -> None:
+    """The step table in ``fmt`` (one of ``STEP_FORMATS``)."""
+    if fmt == "parquet":
+        write_parquet(steps, out_dir / "steps.parquet")
+    elif fmt == "csv":
+        write_csv(steps, out_dir / "steps.csv")
+    elif fmt != "none":
+        raise ValueError(f"unknown step table format {fmt!r}; known: {list(STEP_FORMATS)}")
+
+
+def write_outputs(
+    result: ReplayResult, out_dir: Path, *, report: bool = True, steps: str = "csv"
+) -> dict[str, Any]:
     """Write the output files; return the summary (with the verdict when a report was made)."""
     out_dir.mkdir(parents=True, exist_ok=True)
-    result.requests.to_csv(out_dir / "requests.csv", index=False)
-    result.steps.to_csv(out_dir / "steps.csv", index=False)
-    result.queues.to_csv(out_dir / "queues.csv", index=False)
+    write_csv(result.requests, out_dir / "requests.csv")
+    write_steps(result.steps, out_dir, steps)
+    write_csv(result.queues, out_dir / "queues.csv")
     summary = result.summary
     if report:
         try:

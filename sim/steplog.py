@@ -1,7 +1,8 @@
-"""Per-step records, kept as numpy blocks so fast-forwarded runs cost one append."""
+"""Per-step records, kept as blocks (a step, or a fast-forwarded run) and expanded once."""
 
 from __future__ import annotations
 
+from array import array
 from typing import Any
 
 import numpy as np
@@ -24,11 +25,43 @@ STEP_COLUMNS = (
     "cached_tokens",
     "prompt_tokens",
 )
-_FLOAT = ("time", "duration_s")
+STEP_DTYPES: dict[str, type[np.generic]] = {
+    "step": np.int32,
+    "time": np.float64,
+    "duration_s": np.float64,
+    "batch_size": np.int32,
+    "prefill_tokens": np.int32,
+    "decode_requests": np.int32,
+    "context_tokens": np.int32,
+    "kv_pages_used": np.int32,
+    "kv_pages_total": np.int32,
+    "num_waiting": np.int32,
+    "num_running": np.int32,
+    "preempted": np.int32,
+    "blocked": np.int8,  # a code into the categories of ``StepLog.blocked_names``
+    "cached_tokens": np.int64,
+    "prompt_tokens": np.int64,
+}
+"""Column types: per-step counts are 32-bit (a batch's context stays far below 2^31 tokens);
+the cumulative token counters are 64-bit."""
+BLOCK_FIELDS = (
+    "first_step", "batch_size", "prefill_tokens", "decode_requests", "context_tokens",
+    "context_growth", "kv_pages_held", "num_waiting", "num_running", "preempted", "blocked",
+    "cached_tokens", "prompt_tokens",
+)  # fmt: skip
+"""What a block records once for all its steps (see ``StepLog``)."""
 
 
 class StepLog:
-    """Rows of ``steps.csv`` in step order: single steps as tuples, runs as array blocks.
+    """Rows of the step table in step order, recorded as blocks of steps.
+
+    A block is one step or a run of ``k`` identical pure-decode steps. Each step
+    keeps its own start time, duration and newly allocated pages; a block keeps
+    the rest once: step ``i`` of a block has step number ``first_step + i``,
+    context ``context_tokens + context_growth * (i + 1)`` (a run's batch grows
+    every context by one token a step; a single step has growth 0) and
+    ``kv_pages_used`` = ``kv_pages_held`` plus the pages allocated by steps
+    ``0..i`` of the block. ``frame()`` expands the blocks into typed columns.
 
     ``kv_pages_used`` counts the pages held by requests once the step's plan is
     made: used pages minus the prefix cache's evictable (unreferenced) pages,
@@ -39,8 +72,11 @@ class StepLog:
 
     def __init__(self, kv_pages_total: int) -> None:
         self.kv_pages_total = kv_pages_total
-        self._lengths: list[int] = []
-        self._values: list[tuple[Any, ...]] = []  # per block: a scalar or an array per column
+        self._time = array("d")
+        self._duration = array("d")
+        self._new_pages = array("i")
+        self._lengths = array("q")
+        self._blocks = array("q")  # BLOCK_FIELDS of each block, block after block
         self._blocked: dict[str, int] = {"": 0}
         self.num_steps = 0
 
@@ -49,6 +85,11 @@ class StepLog:
         if code is None:
             code = self._blocked[blocked] = len(self._blocked)
         return code
+
+    def _block(self, k: int, values: tuple[int, ...]) -> None:
+        self._lengths.append(k)
+        self._blocks.extend(values)
+        self.num_steps += k
 
     def add(
         self,
@@ -67,44 +108,80 @@ class StepLog:
         cached_tokens: int,
         prompt_tokens: int,
     ) -> None:
-        self._lengths.append(1)
-        self._values.append(
-            (step, time, duration, batch_size, prefill_tokens, decode_requests, context_tokens,
-             kv_pages_used, self.kv_pages_total, num_waiting, num_running, preempted,
-             self._code(blocked), cached_tokens, prompt_tokens)
-        )  # fmt: skip
-        self.num_steps += 1
+        self._time.append(time)
+        self._duration.append(duration)
+        self._new_pages.append(0)
+        self._block(1, (step, batch_size, prefill_tokens, decode_requests, context_tokens, 0,
+                        kv_pages_used, num_waiting, num_running, preempted, self._code(blocked),
+                        cached_tokens, prompt_tokens))  # fmt: skip
 
-    def add_run(self, block: dict[str, np.ndarray | int | float | str]) -> None:
-        """A fast-forwarded run; array values give one entry per step, scalars repeat."""
-        k = len(block["step"])  # type: ignore[arg-type]
-        row = []
-        for name in STEP_COLUMNS:
-            value = block.get(name, self.kv_pages_total if name == "kv_pages_total" else None)
-            if value is None:
-                raise KeyError(f"run block lacks {name}")
-            if name == "blocked":
-                value = self._code(str(value))
-            elif isinstance(value, np.ndarray) and len(value) != k:
-                raise ValueError(f"run block column {name} has {len(value)} entries, not {k}")
-            row.append(value)
-        self._lengths.append(k)
-        self._values.append(tuple(row))
-        self.num_steps += k
+    def add_run(
+        self,
+        first_step: int,
+        time: np.ndarray,
+        duration: np.ndarray,
+        batch_size: int,
+        context_tokens: int,
+        kv_pages_held: int,
+        new_pages: tuple[int, ...],
+        num_waiting: int,
+        num_running: int,
+        blocked: str,
+        cached_tokens: int,
+        prompt_tokens: int,
+    ) -> None:
+        """A fast-forwarded run of pure-decode steps (no prefill, no preemption):
+        ``context_tokens`` before its first step, ``new_pages`` allocated by each step."""
+        self._time.frombytes(time.astype(np.float64, copy=False).tobytes())
+        self._duration.frombytes(duration.astype(np.float64, copy=False).tobytes())
+        self._new_pages.extend(new_pages)
+        self._block(len(time), (first_step, batch_size, 0, batch_size, context_tokens,
+                                batch_size, kv_pages_held, num_waiting, num_running, 0,
+                                self._code(blocked), cached_tokens, prompt_tokens))  # fmt: skip
+
+    @property
+    def blocked_names(self) -> list[str]:
+        """The ``blocked`` categories, by code."""
+        return sorted(self._blocked, key=self._blocked.__getitem__)
+
+    def _per_block(self, name: str) -> np.ndarray:
+        table = np.frombuffer(self._blocks, dtype=np.int64).reshape(-1, len(BLOCK_FIELDS))
+        return table[:, BLOCK_FIELDS.index(name)]
+
+    def _column(self, name: str, lengths: np.ndarray, within: np.ndarray) -> np.ndarray:
+        """One column, expanded from the blocks (``within``: each step's index in its block)."""
+        dtype = STEP_DTYPES[name]
+        if name in ("time", "duration_s"):  # shared, not copied: the log takes no more steps
+            return np.frombuffer(self._time if name == "time" else self._duration)
+        if name == "kv_pages_total":
+            return np.full(len(within), self.kv_pages_total, dtype=dtype)
+        if name == "step":
+            out = np.repeat(self._per_block("first_step").astype(dtype), lengths)
+            out += within
+            return out
+        if name == "context_tokens":
+            out = np.repeat(self._per_block("context_growth").astype(dtype), lengths)
+            out *= within + 1
+            out += np.repeat(self._per_block(name).astype(dtype), lengths)
+            return out
+        if name == "kv_pages_used":
+            new = np.frombuffer(self._new_pages, dtype=np.int32)
+            allocated = np.cumsum(new, dtype=np.int64)  # then: minus what earlier blocks took
+            starts = np.cumsum(lengths) - lengths
+            before = allocated[starts] - new[starts] - self._per_block("kv_pages_held")
+            allocated -= np.repeat(before, lengths)
+            return allocated.astype(dtype)
+        return np.repeat(self._per_block(name).astype(dtype), lengths)
 
     def frame(self) -> pd.DataFrame:
-        """All rows; each column is one ``np.repeat`` plus a slice per array-valued block."""
-        lengths = np.asarray(self._lengths, dtype=np.int64)
-        offsets = np.concatenate(([0], np.cumsum(lengths)))
-        data: dict[str, Any] = {}
-        for c, name in enumerate(STEP_COLUMNS):
-            dtype = np.float64 if name in _FLOAT else np.int64
-            firsts = [v[c] if not isinstance(v[c], np.ndarray) else 0 for v in self._values]
-            col = np.repeat(np.asarray(firsts, dtype=dtype), lengths)
-            for b, v in enumerate(self._values):
-                if isinstance(v[c], np.ndarray):
-                    col[offsets[b] : offsets[b + 1]] = v[c]
-            data[name] = col
-        names = sorted(self._blocked, key=self._blocked.__getitem__)
-        data["blocked"] = pd.Categorical.from_codes(data["blocked"], categories=names)
-        return pd.DataFrame(data, columns=list(STEP_COLUMNS))
+        """All rows, columns in ``STEP_COLUMNS`` order (``blocked`` as a categorical).
+
+        The time columns share the log's memory, so the log takes no more steps.
+        """
+        lengths = np.frombuffer(self._lengths, dtype=np.int64)
+        within = np.arange(self.num_steps, dtype=np.int32)
+        within -= np.repeat((np.cumsum(lengths) - lengths).astype(np.int32), lengths)
+        data: dict[str, Any] = {name: self._column(name, lengths, within) for name in STEP_COLUMNS}
+        del within
+        data["blocked"] = pd.Categorical.from_codes(data["blocked"], categories=self.blocked_names)
+        return pd.DataFrame(data, columns=list(STEP_COLUMNS), copy=False)

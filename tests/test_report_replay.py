@@ -35,7 +35,7 @@ def test_report_reads_a_replay_from_its_csv_files(replay_dir: Path, tmp_path: Pa
     summary = json.loads((replay_dir / "summary.json").read_text())
     summary.pop("bottleneck", None)
     requests = pd.read_csv(replay_dir / "requests.csv")
-    steps = pd.read_csv(replay_dir / "steps.csv", low_memory=False)
+    steps = pd.read_csv(replay_dir / "steps.csv")
     queues = pd.read_csv(replay_dir / "queues.csv")
     verdict = write_report(tmp_path, summary, requests, steps, queues, None)
     page = (tmp_path / "report.html").read_text(encoding="utf-8")

@@ -57,6 +57,14 @@ def test_replay_writes_the_contracted_outputs(
     assert summary["completed"] + summary["rejected"] == 40
     if importlib.util.find_spec("sim.report") is not None:
         assert (out / "report.html").is_file() and "bottleneck" in summary
+    compact = tmp_path / "compact"
+    rc = main(["replay", str(ROOT / "traces" / "mooncake_conversation.jsonl"), "--limit", "40",
+               "--rate-scale", "4", "--model", "qwen3-0.6b", "--no-report", "--no-progress",
+               "--steps", "parquet", "--out", str(compact)])  # fmt: skip
+    assert rc == 0 and not (compact / "steps.csv").exists()
+    parquet = pd.read_parquet(compact / "steps.parquet").astype({"blocked": str})
+    csv = steps.fillna({"blocked": ""}).astype({"blocked": str})  # CSV reads "" as missing
+    pd.testing.assert_frame_equal(parquet, csv, check_dtype=False)
 
 
 def test_gen_then_replay_and_errors(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

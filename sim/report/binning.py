@@ -47,8 +47,11 @@ class TimeBins:
     def index(self, times: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """Bin index of each kept value, and the mask of kept values."""
         keep = np.isfinite(times) & (times >= self.start) & (times <= self.end)
-        idx = ((times[keep] - self.start) / self.width).astype(np.int64)
-        return np.minimum(idx, self.count - 1), keep
+        offset = np.subtract(times if keep.all() else times[keep], self.start)
+        offset /= self.width
+        idx = offset.astype(np.int64)
+        del offset
+        return np.minimum(idx, self.count - 1, out=idx), keep
 
 
 def bin_count(bins: TimeBins, times: np.ndarray) -> np.ndarray:
@@ -57,31 +60,46 @@ def bin_count(bins: TimeBins, times: np.ndarray) -> np.ndarray:
     return np.bincount(idx, minlength=bins.count).astype(float)
 
 
+def _binned_values(
+    bins: TimeBins, times: np.ndarray, values: np.ndarray
+) -> tuple[np.ndarray, np.ndarray]:
+    """Bin index and value (as float) of each kept, finite value; no copy where all are kept."""
+    idx, keep = bins.index(times)
+    v = (values if keep.all() else values[keep]).astype(float)
+    ok = np.isfinite(v)
+    if ok.all():
+        return idx, v
+    return idx[ok], v[ok]
+
+
+def sorted_samples(times: np.ndarray, values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The finite (time, value) samples in time order (stable); no sort where already sorted."""
+    ok = np.isfinite(times) & np.isfinite(values)
+    t, v = (times, values.astype(float)) if ok.all() else (times[ok], values[ok].astype(float))
+    if t.size and not (t[1:] >= t[:-1]).all():
+        order = np.argsort(t, kind="stable")
+        t, v = t[order], v[order]
+    return t, v
+
+
 def bin_sum(bins: TimeBins, times: np.ndarray, values: np.ndarray) -> np.ndarray:
     """Sum of ``values`` per bin (0 for empty bins)."""
-    idx, keep = bins.index(times)
-    v = values[keep].astype(float)
-    ok = np.isfinite(v)
-    return np.bincount(idx[ok], weights=v[ok], minlength=bins.count)
+    idx, v = _binned_values(bins, times, values)
+    return np.bincount(idx, weights=v, minlength=bins.count)
 
 
 def bin_mean(bins: TimeBins, times: np.ndarray, values: np.ndarray) -> np.ndarray:
     """Mean of ``values`` per bin (NaN for empty bins)."""
-    idx, keep = bins.index(times)
-    v = values[keep].astype(float)
-    ok = np.isfinite(v)
-    total = np.bincount(idx[ok], weights=v[ok], minlength=bins.count)
-    n = np.bincount(idx[ok], minlength=bins.count)
+    idx, v = _binned_values(bins, times, values)
+    total = np.bincount(idx, weights=v, minlength=bins.count)
+    n = np.bincount(idx, minlength=bins.count)
     with np.errstate(invalid="ignore", divide="ignore"):
         return np.where(n > 0, total / np.maximum(n, 1), np.nan)
 
 
 def bin_max(bins: TimeBins, times: np.ndarray, values: np.ndarray) -> np.ndarray:
     """Maximum of ``values`` per bin (NaN for empty bins)."""
-    idx, keep = bins.index(times)
-    v = values[keep].astype(float)
-    ok = np.isfinite(v)
-    idx, v = idx[ok], v[ok]
+    idx, v = _binned_values(bins, times, values)
     out = np.full(bins.count, np.nan)
     if not idx.size:
         return out
@@ -98,10 +116,7 @@ def step_function_max(bins: TimeBins, times: np.ndarray, values: np.ndarray) -> 
 
     A bin without samples takes the value carried in from the last earlier sample.
     """
-    ok = np.isfinite(times) & np.isfinite(values)
-    t, v = times[ok], values[ok].astype(float)
-    order = np.argsort(t, kind="stable")
-    t, v = t[order], v[order]
+    t, v = sorted_samples(times, values)
     out = bin_max(bins, t, v)
     carried_at = np.searchsorted(t, bins.edges()[:-1], side="right") - 1
     carried = np.where(carried_at >= 0, v[np.maximum(carried_at, 0)] if v.size else 0.0, np.nan)
@@ -111,10 +126,7 @@ def step_function_max(bins: TimeBins, times: np.ndarray, values: np.ndarray) -> 
 
 def last_value_at_edges(bins: TimeBins, times: np.ndarray, values: np.ndarray) -> np.ndarray:
     """Value of a cumulative counter at each bin edge (0 before its first sample)."""
-    ok = np.isfinite(times) & np.isfinite(values)
-    t, v = times[ok], values[ok].astype(float)
-    order = np.argsort(t, kind="stable")
-    t, v = t[order], v[order]
+    t, v = sorted_samples(times, values)
     at = np.searchsorted(t, bins.edges(), side="right") - 1
     if not v.size:
         return np.zeros(bins.count + 1)
@@ -128,10 +140,7 @@ def step_function_mean(bins: TimeBins, times: np.ndarray, values: np.ndarray) ->
     Samples at the same instant count only by the last one, as their value held
     for no time.
     """
-    ok = np.isfinite(times) & np.isfinite(values)
-    t, v = times[ok], values[ok].astype(float)
-    order = np.argsort(t, kind="stable")
-    t, v = t[order], v[order]
+    t, v = sorted_samples(times, values)
     if not t.size:
         return np.zeros(bins.count)
     area_at_sample = np.concatenate([[0.0], np.cumsum(v[:-1] * np.diff(t))])

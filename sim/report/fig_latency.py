@@ -11,6 +11,7 @@ from sim.report.binning import MAX_POINTS
 from sim.report.frames import numeric
 from sim.report.plotting import annotate_no_data
 from sim.report.stages import completed_requests
+from sim.samples import WeightedSamples
 
 PERCENTILES = (50, 90, 99)
 PERCENTILE_COLORS = {50: "#2ca02c", 90: "#ff7f0e", 99: "#d62728"}
@@ -20,34 +21,36 @@ TAIL_RANGE = 1.5
 """A linear x axis ends at this multiple of P99 when the maximum lies further out."""
 
 
-def cdf_points(values: np.ndarray, max_points: int = MAX_POINTS) -> tuple[np.ndarray, np.ndarray]:
-    """At most ``max_points`` (value, cumulative fraction) points of the empirical CDF.
-
-    The smallest and the largest value are always kept.
-    """
-    v = np.sort(values[np.isfinite(values)])
-    if not v.size:
-        return v, v
-    idx = np.unique(np.linspace(0, v.size - 1, min(v.size, max_points)).round().astype(np.int64))
-    return v[idx], (idx + 1) / v.size
+def as_samples(values: np.ndarray | WeightedSamples | None) -> WeightedSamples:
+    """Plain values (each once), weighted samples as they are, or no samples for None."""
+    if values is None:
+        return WeightedSamples.of([])
+    if isinstance(values, WeightedSamples):
+        return values
+    return WeightedSamples.of(np.asarray(values, dtype=float))
 
 
-def latency_series(requests: pd.DataFrame, itl_s: np.ndarray | None) -> dict[str, np.ndarray]:
-    """Latencies in ms by metric name; ITL comes from the pooled inter-token gaps."""
+def latency_series(
+    requests: pd.DataFrame, itl_s: np.ndarray | WeightedSamples | None
+) -> dict[str, WeightedSamples]:
+    """Finite latencies in ms by metric name; ITL comes from the pooled inter-token gaps."""
     done = completed_requests(requests)
-    itl = np.asarray(itl_s, dtype=float) * 1e3 if itl_s is not None else np.array([])
-    return {
-        "TTFT": numeric(done, "ttft_ms"),
-        "TPOT": numeric(done, "tpot_ms"),
-        "ITL": itl,
-        "E2E": numeric(done, "e2e_ms"),
+    series = {
+        "TTFT": WeightedSamples.of(numeric(done, "ttft_ms")),
+        "TPOT": WeightedSamples.of(numeric(done, "tpot_ms")),
+        "ITL": as_samples(itl_s).scaled(1e3),
+        "E2E": WeightedSamples.of(numeric(done, "e2e_ms")),
     }
+    return {name: s.finite() for name, s in series.items()}
 
 
-def latency_cdf_figure(requests: pd.DataFrame, itl_s: np.ndarray | None) -> go.Figure:
+def latency_cdf_figure(
+    requests: pd.DataFrame, itl_s: np.ndarray | WeightedSamples | None
+) -> go.Figure:
     series = latency_series(requests, itl_s)
     names = list(series)
     titles = [f"<b>{n}</b> (ms)" for n in names]
+    shapes: list[dict[str, object]] = []  # percentile lines (one layout update, not one each)
     fig = make_subplots(
         rows=2,
         cols=2,
@@ -57,12 +60,11 @@ def latency_cdf_figure(requests: pd.DataFrame, itl_s: np.ndarray | None) -> go.F
     )
     for i, name in enumerate(names):
         row, col = i // 2 + 1, i % 2 + 1
-        values = series[name]
-        finite = values[np.isfinite(values)]
+        finite = series[name]
         if not finite.size:
             annotate_no_data(fig, row, col)
             continue
-        x, y = cdf_points(finite)
+        x, y = finite.cdf_points(MAX_POINTS)
         fig.add_trace(
             go.Scatter(
                 x=x,
@@ -76,14 +78,15 @@ def latency_cdf_figure(requests: pd.DataFrame, itl_s: np.ndarray | None) -> go.F
             row=row,
             col=col,
         )
-        qs = np.percentile(finite, PERCENTILES)
-        for p, q in zip(PERCENTILES, qs, strict=True):
-            fig.add_vline(
-                x=float(q),
-                line={"color": PERCENTILE_COLORS[p], "dash": "dot", "width": 1},
-                row=row,
-                col=col,
-            )
+        qs = finite.percentile(PERCENTILES)
+        subplot = fig.get_subplot(row, col)
+        xref = subplot.xaxis.plotly_name.replace("axis", "")
+        yref = subplot.yaxis.plotly_name.replace("axis", "") + " domain"
+        shapes += [
+            {"type": "line", "xref": xref, "yref": yref, "x0": float(q), "x1": float(q),
+             "y0": 0, "y1": 1, "line": {"color": PERCENTILE_COLORS[p], "dash": "dot", "width": 1}}
+            for p, q in zip(PERCENTILES, qs, strict=True)
+        ]  # fmt: skip
         fig.add_trace(
             go.Scatter(
                 x=qs,
@@ -101,16 +104,16 @@ def latency_cdf_figure(requests: pd.DataFrame, itl_s: np.ndarray | None) -> go.F
             f"<span style='color:{PERCENTILE_COLORS[p]}'>P{p} {q:,.1f}</span>"
             for p, q in zip(PERCENTILES, qs, strict=True)
         )
-        lo, hi = np.percentile(finite, 1), float(qs[-1])
+        lo, hi = float(finite.percentile([1])[0]), float(qs[-1])
         log_axis = lo > 0 and hi / lo > LOG_AXIS_RATIO
         fig.update_xaxes(type="log" if log_axis else "linear", row=row, col=col)
-        top = float(finite.max())
+        top = float(finite.values.max())
         if not log_axis and top > TAIL_RANGE * hi > 0:
-            left = min(0.0, float(finite.min()))
+            left = min(0.0, float(finite.values.min()))
             fig.update_xaxes(range=[left, TAIL_RANGE * hi], row=row, col=col)
             titles[i] += f" · max {top:,.1f} (zoom out)"
         fig.update_yaxes(range=[0, 1.04], title_text="fraction", row=row, col=col)
     for annotation, title in zip(fig.layout.annotations, titles, strict=False):
         annotation.text = title
-    fig.update_layout(height=660, margin={"t": 60, "b": 40, "l": 60, "r": 30})
+    fig.update_layout(shapes=shapes, height=660, margin={"t": 60, "b": 40, "l": 60, "r": 30})
     return fig

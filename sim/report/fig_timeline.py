@@ -26,7 +26,7 @@ from sim.report.binning import (
     step_function_max,
     step_function_mean,
 )
-from sim.report.frames import blocked_reasons, numeric
+from sim.report.frames import blocked_mask, numeric
 from sim.report.plotting import annotate_no_data
 from sim.report.verdict import ADMISSION_LIMITS
 
@@ -142,10 +142,9 @@ def timeline_figure(
     def busy_and_blocked(b: TimeBins) -> list[go.Scatter]:
         busy = bin_sum(b, t, numeric(steps, "duration_s", 0.0)) / b.width
         n = bin_count(b, t)
-        reasons = blocked_reasons(steps)
         out = [_line(x, 100 * np.clip(busy, 0, 1), "engine busy", "#000")]
         for reason in ADMISSION_LIMITS:
-            hits = bin_count(b, t[reasons == reason])
+            hits = bin_count(b, t[blocked_mask(steps, reason)])
             with np.errstate(invalid="ignore", divide="ignore"):
                 share = np.where(n > 0, 100 * hits / n, np.nan)
             area = _line(x, share, f"blocked: {reason}", BLOCKED_COLORS[reason], width=0.5)

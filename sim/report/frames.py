@@ -10,26 +10,31 @@ import pandas as pd
 
 
 def numeric(frame: pd.DataFrame, column: str, default: float = float("nan")) -> np.ndarray:
-    """A column as a float array; ``default`` everywhere when the column is missing."""
+    """A column as a read-only numeric array; ``default`` everywhere when it is missing.
+
+    A column of plain numpy integers or floats is returned as it is (no copy: a
+    step table has a million rows); anything else is converted to float, with
+    NaN for values that are not numbers.
+    """
     if column not in frame.columns:
         return np.full(len(frame), default)
-    values: np.ndarray = pd.to_numeric(frame[column], errors="coerce").to_numpy(dtype=float)
+    series = frame[column]
+    if isinstance(series.dtype, np.dtype) and series.dtype.kind in "iuf":
+        as_is: np.ndarray = series.to_numpy()
+        return as_is
+    values: np.ndarray = pd.to_numeric(series, errors="coerce").to_numpy(dtype=float)
     return values
 
 
-def blocked_reasons(steps: pd.DataFrame) -> np.ndarray:
-    """The ``blocked`` column as an object array, with NaN and missing read as ``""``.
+def blocked_mask(steps: pd.DataFrame, reason: str) -> np.ndarray:
+    """Steps whose ``blocked`` is ``reason`` (a non-empty reason); False where it is missing.
 
     Accepts plain strings, a CSV read-back (NaN for ``""``) and categoricals.
     """
     if "blocked" not in steps.columns:
-        return np.full(len(steps), "", dtype=object)
-    reasons: np.ndarray = steps["blocked"].to_numpy(dtype=object)
-    missing = pd.isna(reasons)
-    if missing.any():
-        reasons = reasons.copy()
-        reasons[missing] = ""
-    return reasons
+        return np.zeros(len(steps), dtype=bool)
+    mask: np.ndarray = steps["blocked"].eq(reason).to_numpy(dtype=bool, na_value=False)
+    return mask
 
 
 def get_path(mapping: dict[str, Any], *keys: str) -> Any:

@@ -35,7 +35,7 @@ import numpy as np
 import pandas as pd
 
 from sim.jsonsafe import json_safe
-from sim.report.frames import as_float, blocked_reasons, get_path, numeric
+from sim.report.frames import as_float, blocked_mask, get_path, numeric
 from sim.report.stages import STAGE_BY_NAME, completed_requests, stage_means_ms, stage_shares
 
 TOKENIZER_TTFT_SHARE = 0.30
@@ -106,7 +106,7 @@ def _evidence(
     done = completed_requests(requests)
     duration = run_duration_s(summary, requests, steps)
     busy = float(np.nansum(numeric(steps, "duration_s", 0.0)))
-    blocked = blocked_reasons(steps)
+    blocked = {r: blocked_mask(steps, r) for r in ADMISSION_LIMITS}
     waiting = numeric(steps, "num_waiting", 0.0) > 0
     running = numeric(steps, "num_running")
     batch = numeric(steps, "batch_size")
@@ -118,10 +118,10 @@ def _evidence(
     max_running = as_float(get_path(summary, "config", "max_running"))
     if max_running is not None:
         at_cap = waiting & (running >= max_running)
-        below_cap = (blocked == "running_cap") & (running < max_running)
+        below_cap = blocked["running_cap"] & (running < max_running)
     else:
         at_cap = below_cap = np.zeros(len(steps), dtype=bool)
-    running_cap_steps = ((blocked == "running_cap") & ~below_cap) | at_cap
+    running_cap_steps = (blocked["running_cap"] & ~below_cap) | at_cap
     ttft_means = stage_means_ms(done)
     ttft = numeric(done, "ttft_ms")
     mean_ttft = float(np.nanmean(ttft)) if np.isfinite(ttft).any() else float("nan")
@@ -135,7 +135,7 @@ def _evidence(
         "busy_fraction": busy / duration if duration and duration > 0 else float("nan"),
         "waiting_step_fraction": _fraction(waiting),
         "mean_batch_size": float(np.nanmean(batch)) if np.isfinite(batch).any() else 0.0,
-        "blocked_fraction": {r: _fraction(blocked == r) for r in ADMISSION_LIMITS},
+        "blocked_fraction": {r: _fraction(blocked[r]) for r in ADMISSION_LIMITS},
         "kv_peak_utilization": float(np.nanmax(kv_util)) if np.isfinite(kv_util).any() else None,
         "kv_mean_utilization": float(np.nanmean(kv_util)) if np.isfinite(kv_util).any() else None,
         "kv_full_waiting_fraction": _fraction(waiting & (kv_util >= KV_FULL_UTILIZATION)),

@@ -18,6 +18,7 @@ from sim.report.page import Section, figure_div, page_html, trace_path
 from sim.report.slo import slo_figure, slo_result
 from sim.report.tables import config_tables, evidence_table
 from sim.report.verdict import bottleneck_verdict
+from sim.samples import WeightedSamples
 
 REPORT_NAME = "report.html"
 
@@ -28,7 +29,7 @@ def write_report(
     requests: pd.DataFrame,
     steps: pd.DataFrame,
     queues: pd.DataFrame,
-    itl: np.ndarray | None = None,
+    itl: np.ndarray | WeightedSamples | None = None,
 ) -> dict[str, Any]:
     """Writes ``out_dir/report.html`` (self-contained Plotly HTML: plotly.js inlined, works
     offline) and returns the bottleneck verdict as a JSON-friendly dict.

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from sim.traces.load import detect_format, load_trace
+from sim.traces.load import detect_format, load_trace, scale_trace
 from sim.traces.record import Trace, TraceError, TraceRequest
 from sim.traces.synth import LengthSpec, arrival_times, generate
 
@@ -15,4 +15,5 @@ __all__ = [
     "detect_format",
     "generate",
     "load_trace",
+    "scale_trace",
 ]

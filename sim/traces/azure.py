@@ -23,7 +23,9 @@ TICKS_PER_S = 10_000_000
 def parse_azure_timestamp(text: str) -> int:
     """An Azure timestamp as an integer count of 100 ns ticks since 1970 (exact)."""
     whole, _, frac = text.strip().partition(".")
-    base = dt.datetime.strptime(whole, "%Y-%m-%d %H:%M:%S")
+    if len(whole) != 19 or whole[10] != " ":
+        raise ValueError("expected YYYY-MM-DD HH:MM:SS")
+    base = dt.datetime.fromisoformat(whole)
     if frac and (not frac.isdigit() or len(frac) > 7):
         raise ValueError(f"bad fractional seconds {frac!r}")
     seconds = (base - _EPOCH) // dt.timedelta(seconds=1)

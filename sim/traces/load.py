@@ -45,9 +45,23 @@ def load_trace(path: Path | str, rate_scale: float = 1.0, limit: int | None = No
     requests.sort(key=lambda r: r.arrival)
     if limit is not None:
         requests = requests[:limit]
-    if rate_scale != 1.0:
-        requests = [_scaled(r, rate_scale) for r in requests]
-    return Trace(path=str(path), format=fmt, requests=requests, rate_scale=rate_scale, limit=limit)
+    trace = Trace(path=str(path), format=fmt, requests=requests, limit=limit)
+    return scale_trace(trace, rate_scale)
+
+
+def scale_trace(trace: Trace, rate_scale: float) -> Trace:
+    """``trace`` replayed ``rate_scale`` times faster: arrivals divided by it (see load_trace)."""
+    if not rate_scale > 0:
+        raise ValueError(f"rate_scale must be > 0, got {rate_scale}")
+    if rate_scale == 1.0:
+        return trace
+    return Trace(
+        path=trace.path,
+        format=trace.format,
+        requests=[_scaled(r, rate_scale) for r in trace.requests],
+        rate_scale=trace.rate_scale * rate_scale,
+        limit=trace.limit,
+    )
 
 
 def _scaled(r: TraceRequest, rate_scale: float) -> TraceRequest:

@@ -1,0 +1,100 @@
+"""``sim capacity``: bisection finds a capacity computed by hand; capacity on a real trace."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from sim.cli import main
+from sim.report.verdict import LIMIT_LABELS
+
+ROOT = Path(__file__).resolve().parents[1]
+N, GAP_MS, PROMPT, TOKENIZE_S = 200, 3.0, 100, 1e-4
+CPU_COSTS = """# hardware: none (round numbers for a test)
+# model: none
+# date: 2026-11-30
+# command: written by tests/test_sim_capacity.py
+kind,prefill_tokens,decode_requests,context_tokens,tp,duration_s
+tokenize,0,0,0,1,{tokenize}
+detokenize,0,0,0,1,1e-7
+ipc,0,0,0,1,1e-6
+frontend,0,0,0,1,1e-6
+schedule,0,0,0,1,0
+schedule_request,0,0,0,1,0
+"""
+
+
+def test_bisection_finds_the_tokenizer_capacity(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The capacity by hand.
+
+    ``N`` = 200 requests arrive every ``GAP_MS`` = 3 ms, each with a 100-token
+    prompt; one tokenizer worker takes 1e-4 s a token, so 10 ms a request. At
+    rate scale ``x`` they arrive every ``3 / x`` ms: the tokenizer keeps up
+    while ``3 / x >= 10``, i.e. ``x <= 0.3``, and every TTFT is the same
+    ``c`` = tokenize (10 ms) + frontend, IPC and a ~0.1 ms prefill step of
+    SmolLM2-135M, about 10.2 ms. Above 0.3 request ``n`` waits ``n * (10 - 3 /
+    x)`` ms for the tokenizer. With a 15 ms TTFT SLO (slack ``d`` = 15 - c <
+    4.8 ms) and 99% attainment, requests 0..197 must meet it: ``197 * (10 - 3
+    / x) <= d``, so the boundary ``b`` lies in ``[0.3, 3 / (10 - 4.8 / 197)] =
+    [0.3, 0.30073]``. Bisection stops with ``lo <= b < hi`` and ``hi / lo <=
+    1.02``: ``0.3 / 1.02 < lo <= 0.30073``, and the trace's own rate needs
+    ``ceil(1 / lo)`` = 4 replicas.
+    """
+    trace, costs = tmp_path / "even.jsonl", tmp_path / "cpu.csv"
+    rows = [{"timestamp": i * GAP_MS, "input_length": PROMPT, "output_length": 2} for i in range(N)]
+    trace.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    costs.write_text(CPU_COSTS.format(tokenize=TOKENIZE_S))
+    config = tmp_path / "c.toml"
+    config.write_text(f'model = "smollm2-135m"\ncpu_profile = "{costs}"\n')
+    out = tmp_path / "out"
+    args = ["capacity", str(trace), "--config", str(config), "--slo-ttft-ms", "15",
+            "--slo-tpot-ms", "50", "--jobs", "1", "--no-progress", "--out", str(out)]  # fmt: skip
+    assert main(args) == 0
+    cap = pd.read_csv(out / "capacity.csv").iloc[0]
+    boundary_low = GAP_MS / (PROMPT * TOKENIZE_S * 1e3)
+    assert boundary_low == pytest.approx(0.3)
+    assert boundary_low / 1.02 < cap["max_rate_scale"] <= 3 / (10 - 4.8 / 197)
+    assert cap["first_failing_scale"] / cap["max_rate_scale"] <= 1.02 + 1e-12
+    assert cap["replicas"] == 4 == math.ceil(1 / cap["max_rate_scale"])
+    rate = N / ((N - 1) * GAP_MS / 1e3)
+    assert cap["max_request_rate"] == pytest.approx(cap["max_rate_scale"] * rate)
+    probes = pd.read_csv(out / "probes.csv")
+    assert {0.25, 0.5, 1.0} <= set(probes["rate_scale"])  # 1 and 0.5 fail, 0.25 passes
+    assert probes.set_index("rate_scale").loc[0.5, "binding_limit"] == "tokenizer"
+    assert (probes["passed"] == (probes["rate_scale"] <= cap["max_rate_scale"])).all()
+    assert "replicas" in capsys.readouterr().out
+    assert "Capacity" in (out / "capacity.html").read_text()
+
+
+def test_capacity_on_a_slice_of_a_real_trace(tmp_path: Path) -> None:
+    grid = tmp_path / "g.toml"
+    grid.write_text("max_running = [4, 64]\n")
+    out = tmp_path / "out"
+    args = ["capacity", str(ROOT / "traces" / "azure_conv.csv"), "--grid", str(grid),
+            "--limit", "150", "--slo-ttft-ms", "200", "--slo-tpot-ms", "20", "--tolerance",
+            "0.1", "--jobs", "2", "--no-progress", "--out", str(out)]  # fmt: skip
+    assert main(args) == 0
+    cap = pd.read_csv(out / "capacity.csv").set_index("max_running")
+    assert (cap["status"] == "ok").all() and (cap["max_rate_scale"] > 0).all()
+    # four requests at a time serve far less of this traffic than 64
+    assert cap.loc[4, "max_rate_scale"] * 10 < cap.loc[64, "max_rate_scale"]
+    assert (cap["first_failing_scale"] / cap["max_rate_scale"] <= 1.1 + 1e-12).all()
+    assert set(cap["binding_limit_above"]) <= set(LIMIT_LABELS)
+    assert (cap["attainment_at_max"] >= 0.99).all() and (cap["attainment_above"] < 0.99).all()
+
+
+def test_capacity_rejects_a_rate_scale_knob(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    grid = tmp_path / "g.toml"
+    grid.write_text("rate_scale = [1, 2]\n")
+    args = ["capacity", str(ROOT / "traces" / "azure_code.csv"), "--grid", str(grid),
+            "--slo-ttft-ms", "200", "--slo-tpot-ms", "20", "--out", str(tmp_path)]  # fmt: skip
+    assert main(args) == 2
+    assert "leave rate_scale out of the grid" in capsys.readouterr().err
