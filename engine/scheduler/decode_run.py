@@ -19,6 +19,7 @@ tokens, step counter and new-token ratio as ``k`` single steps.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import TYPE_CHECKING
 
 from engine.scheduler.pages import pages_for
@@ -53,7 +54,9 @@ def run_length(s: Scheduler, max_steps: int) -> int:
     available = s.memory.num_free
     if evictions_allowed:
         available += s.memory.evictable
-    running = list(s.running.values())
+    running = s.running.values()
+    if _pages_needed(running, k, s.page_size) <= available:
+        return k
     lo, hi = 0, k  # largest k' <= k with pages_needed(k') <= available
     while lo < hi:
         mid = (lo + hi + 1) // 2
@@ -105,7 +108,7 @@ def _head_stays_out(s: Scheduler, k: int) -> int:
     return lo
 
 
-def _pages_needed(running: list[Request], k: int, page_size: int) -> int:
+def _pages_needed(running: Iterable[Request], k: int, page_size: int) -> int:
     return sum(max(0, pages_for(r.num_planned + k, page_size) - len(r.pages)) for r in running)
 
 
@@ -121,17 +124,17 @@ def advance(s: Scheduler, k: int) -> DecodeRun:
         grows.extend((j, idx) for j in range(max(first, 1), k + 1, ps))
     grows.sort()
     new_pages = [0] * k
-    added: list[list[int]] = [[] for _ in running]
+    added: dict[int, list[int]] = {}  # batch index -> its new pages, in step order
     for j, idx in grows:
         s.memory.make_room(1)
-        added[idx] += s.memory.allocator.alloc(1)
+        added.setdefault(idx, []).extend(s.memory.allocator.alloc(1))
         new_pages[j - 1] += 1
     first_step = s.step + 1
     s.step += k
     context = 0
-    for req, extra in zip(running, added, strict=True):
-        if extra:
-            req.pages = (*req.pages, *extra)
+    for idx, req in enumerate(running):
+        if idx in added:
+            req.pages = (*req.pages, *added[idx])
         context += req.num_planned
         req.num_planned += k
         req.last_plan = s.step
