@@ -85,6 +85,8 @@ def _head_stays_out(s: Scheduler, k: int) -> int:
     """
     head = s._candidates()[0]
     need, available = s.memory.fill_need(head)
+    if not s.reservation.enabled:
+        return k if need > available else 0
     running = s.running.values()
     reservation = s.reservation
     ps = s.page_size
@@ -112,6 +114,18 @@ def _pages_needed(running: Iterable[Request], k: int, page_size: int) -> int:
     return sum(max(0, pages_for(r.num_planned + k, page_size) - len(r.pages)) for r in running)
 
 
+def _take_pages(s: Scheduler, n: int) -> list[int]:
+    """``n`` pages, one at a time as single steps take them (evicting only when none is free)."""
+    memory = s.memory
+    if memory.num_free >= n:
+        return memory.allocator.alloc(n)
+    pages = []
+    for _ in range(n):
+        memory.make_room(1)
+        pages += memory.allocator.alloc(1)
+    return pages
+
+
 def advance(s: Scheduler, k: int) -> DecodeRun:
     """Apply ``k`` pure-decode steps at once (see ``Scheduler.advance_decode``)."""
     if k <= 0 or k > run_length(s, k):
@@ -125,20 +139,20 @@ def advance(s: Scheduler, k: int) -> DecodeRun:
     grows.sort()
     new_pages = [0] * k
     added: dict[int, list[int]] = {}  # batch index -> its new pages, in step order
-    for j, idx in grows:
-        s.memory.make_room(1)
-        added.setdefault(idx, []).extend(s.memory.allocator.alloc(1))
+    for (j, idx), page in zip(grows, _take_pages(s, len(grows)), strict=True):
+        added.setdefault(idx, []).append(page)
         new_pages[j - 1] += 1
     first_step = s.step + 1
-    s.step += k
+    s.step = last = s.step + k
+    for idx, pages in added.items():
+        running[idx].pages = (*running[idx].pages, *pages)
     context = 0
-    for idx, req in enumerate(running):
-        if idx in added:
-            req.pages = (*req.pages, *added[idx])
+    tokens = [PLACEHOLDER_TOKEN] * k
+    for req in running:
         context += req.num_planned
         req.num_planned += k
-        req.last_plan = s.step
-        req.output.extend([PLACEHOLDER_TOKEN] * k)
+        req.last_plan = last
+        req.output += tokens
     s.reservation.decayed(k)
     blocked = Blocked.NONE
     if s._waiting:
