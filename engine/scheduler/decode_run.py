@@ -19,6 +19,7 @@ tokens, step counter and new-token ratio as ``k`` single steps.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import TYPE_CHECKING
 
 from engine.scheduler.pages import pages_for
@@ -53,7 +54,9 @@ def run_length(s: Scheduler, max_steps: int) -> int:
     available = s.memory.num_free
     if evictions_allowed:
         available += s.memory.evictable
-    running = list(s.running.values())
+    running = s.running.values()
+    if _pages_needed(running, k, s.page_size) <= available:
+        return k
     lo, hi = 0, k  # largest k' <= k with pages_needed(k') <= available
     while lo < hi:
         mid = (lo + hi + 1) // 2
@@ -82,6 +85,8 @@ def _head_stays_out(s: Scheduler, k: int) -> int:
     """
     head = s._candidates()[0]
     need, available = s.memory.fill_need(head)
+    if not s.reservation.enabled:
+        return k if need > available else 0
     running = s.running.values()
     reservation = s.reservation
     ps = s.page_size
@@ -105,8 +110,20 @@ def _head_stays_out(s: Scheduler, k: int) -> int:
     return lo
 
 
-def _pages_needed(running: list[Request], k: int, page_size: int) -> int:
+def _pages_needed(running: Iterable[Request], k: int, page_size: int) -> int:
     return sum(max(0, pages_for(r.num_planned + k, page_size) - len(r.pages)) for r in running)
+
+
+def _take_pages(s: Scheduler, n: int) -> list[int]:
+    """``n`` pages, one at a time as single steps take them (evicting only when none is free)."""
+    memory = s.memory
+    if memory.num_free >= n:
+        return memory.allocator.alloc(n)
+    pages = []
+    for _ in range(n):
+        memory.make_room(1)
+        pages += memory.allocator.alloc(1)
+    return pages
 
 
 def advance(s: Scheduler, k: int) -> DecodeRun:
@@ -121,21 +138,21 @@ def advance(s: Scheduler, k: int) -> DecodeRun:
         grows.extend((j, idx) for j in range(max(first, 1), k + 1, ps))
     grows.sort()
     new_pages = [0] * k
-    added: list[list[int]] = [[] for _ in running]
-    for j, idx in grows:
-        s.memory.make_room(1)
-        added[idx] += s.memory.allocator.alloc(1)
+    added: dict[int, list[int]] = {}  # batch index -> its new pages, in step order
+    for (j, idx), page in zip(grows, _take_pages(s, len(grows)), strict=True):
+        added.setdefault(idx, []).append(page)
         new_pages[j - 1] += 1
     first_step = s.step + 1
-    s.step += k
+    s.step = last = s.step + k
+    for idx, pages in added.items():
+        running[idx].pages = (*running[idx].pages, *pages)
     context = 0
-    for req, extra in zip(running, added, strict=True):
-        if extra:
-            req.pages = (*req.pages, *extra)
+    tokens = [PLACEHOLDER_TOKEN] * k
+    for req in running:
         context += req.num_planned
         req.num_planned += k
-        req.last_plan = s.step
-        req.output.extend([PLACEHOLDER_TOKEN] * k)
+        req.last_plan = last
+        req.output += tokens
     s.reservation.decayed(k)
     blocked = Blocked.NONE
     if s._waiting:
