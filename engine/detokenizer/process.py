@@ -16,8 +16,8 @@ from typing import Any
 from engine import messages
 from engine.detokenizer.incremental import IncrementalDecoder
 from engine.detokenizer.stop import StopMatcher
-from engine.launch.child import open_sockets, recv_message, report_ready
 from engine.launch.config import ServeConfig
+from engine.launch.ipc import open_sockets, recv_message, report_ready
 
 log = logging.getLogger(__name__)
 MAX_STOPPED = 4096

@@ -16,8 +16,8 @@ from typing import TYPE_CHECKING
 import zmq
 
 from engine import messages
-from engine.launch.child import open_sockets, report_ready
 from engine.launch.config import ServeConfig, config_from
+from engine.launch.ipc import open_sockets, report_ready
 from engine.runner.args import RunnerArgs
 from engine.scheduler import SchedulerConfig, SchedulerStats
 from engine.scheduler_proc.engine import Engine
