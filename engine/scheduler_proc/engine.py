@@ -58,6 +58,7 @@ class Engine:
         self.eos_token_ids = frozenset(eos_token_ids)
         self.tracked: dict[str, Tracked] = {}
         self.last_plan: Plan | None = None
+        self.num_preemptions = 0
 
     def add(self, msg: messages.TokenizedRequest) -> messages.TokenItem | None:
         """Queue a tokenized request; an error item if the core rejects it."""
@@ -144,6 +145,7 @@ class Engine:
                 item.finished = done
                 self._forget(event.rid, event)
             elif isinstance(event, Preempted):
+                self.num_preemptions += 1
                 log.info("rid %s preempted (KV pages ran out); it will recompute", event.rid)
         return list(items.values())
 

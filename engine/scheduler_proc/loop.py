@@ -19,7 +19,7 @@ from engine import messages
 from engine.launch.config import ServeConfig, config_from
 from engine.launch.ipc import open_sockets, report_ready
 from engine.runner.args import RunnerArgs
-from engine.scheduler import SchedulerConfig, SchedulerStats
+from engine.scheduler import SchedulerConfig
 from engine.scheduler_proc.engine import Engine
 
 if TYPE_CHECKING:
@@ -86,7 +86,7 @@ class SchedulerLoop:
         self.inbox = inbox
         self.to_detok = to_detok
         self.to_frontend = to_frontend
-        self.last_stats: SchedulerStats | None = None
+        self.last_stats: messages.StatsUpdate | None = None
         self.last_stats_time = 0.0
 
     def run(self) -> None:
@@ -132,9 +132,14 @@ class SchedulerLoop:
         now = time.time()
         if not force and now - self.last_stats_time < STATS_INTERVAL_S:
             return
-        stats = self.engine.stats()
-        if stats == self.last_stats:
+        update = messages.StatsUpdate(
+            time=now, stats=self.engine.stats(), num_preemptions=self.engine.num_preemptions
+        )
+        if self.last_stats is not None and (update.stats, update.num_preemptions) == (
+            self.last_stats.stats,
+            self.last_stats.num_preemptions,
+        ):
             return
-        self.last_stats = stats
+        self.last_stats = update
         self.last_stats_time = now
-        self.to_frontend.send(messages.encode(messages.StatsUpdate(time=now, stats=stats)))
+        self.to_frontend.send(messages.encode(update))
