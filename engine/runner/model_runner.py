@@ -23,7 +23,8 @@ from engine.models.llama import LlamaForCausalLM
 from engine.models.loader import init_dummy, load_safetensors
 from engine.models.setup import ModelNotFoundError, resolve_model
 from engine.runner.args import RunnerArgs
-from engine.runner.inputs import StepInputs
+from engine.runner.inputs import StepInputs, StepOutput
+from engine.sampling.logprobs import TokenLogprob, prompt_logprobs, sampled_logprobs
 from engine.sampling.sampler import Sampler
 from engine.scheduler.plan import Plan
 
@@ -151,9 +152,8 @@ class ModelRunner:
                 f"token ids must be in [0, {vocab}), got values in [{min(lows)}, {max(highs)}]"
             )
 
-    @torch.inference_mode()
-    def logits(self, plan: Plan, inputs: StepInputs) -> torch.Tensor | None:
-        """Run ``plan``; float32 logits ``[N, vocab]`` of ``plan.sampling_rids()`` (rank 0 only).
+    def _forward(self, plan: Plan, inputs: StepInputs) -> tuple[torch.Tensor, ForwardBatch] | None:
+        """Run ``plan``; the hidden states of every row and the batch, on rank 0 only.
 
         None on ranks other than 0 and for plans without model work.
         """
@@ -172,18 +172,48 @@ class ModelRunner:
         hidden = self.model(batch.input_ids, batch.positions, self.attention)
         if self.tp.rank != 0:
             return None
+        return hidden, batch
+
+    @torch.inference_mode()
+    def logits(self, plan: Plan, inputs: StepInputs) -> torch.Tensor | None:
+        """Run ``plan``; float32 logits ``[N, vocab]`` of ``plan.sampling_rids()`` (rank 0 only).
+
+        None on ranks other than 0 and for plans without model work.
+        """
+        out = self._forward(plan, inputs)
+        if out is None:
+            return None
+        hidden, batch = out
         return self.model.compute_logits(hidden[batch.sample_rows])
 
     @torch.inference_mode()
-    def step(self, plan: Plan, inputs: StepInputs) -> list[int]:
-        """Run ``plan``; the sampled token of each of ``plan.sampling_rids()`` (rank 0 only)."""
+    def step(self, plan: Plan, inputs: StepInputs) -> StepOutput:
+        """Run ``plan``; the sampled token of each of ``plan.sampling_rids()`` (rank 0 only),
+        with the log-probs the requests asked for."""
         n_sample = len(plan.sampling_rids())
         if len(inputs.sampling) != n_sample or len(inputs.output_index) != n_sample:
             raise ValueError(
                 f"plan samples {n_sample} requests but inputs carry {len(inputs.sampling)} "
                 f"sampling params and {len(inputs.output_index)} output indices"
             )
-        logits = self.logits(plan, inputs)
-        if logits is None or n_sample == 0:
-            return []
-        return self.sampler.sample(logits, inputs.sampling, inputs.output_index)
+        out = self._forward(plan, inputs)
+        if out is None:
+            return StepOutput([])
+        hidden, batch = out
+        limit = self.sampler.vocab_limit
+        tokens: list[int] = []
+        logprobs: list[TokenLogprob | None] = []
+        if n_sample:
+            logits = self.model.compute_logits(hidden[batch.sample_rows])
+            tokens = self.sampler.sample(logits, inputs.sampling, inputs.output_index)
+            wanted = [p.logprobs for p in inputs.sampling]
+            if any(k is not None for k in wanted):
+                logprobs = sampled_logprobs(logits[:, :limit], tokens, wanted)
+        prompt: list[list[TokenLogprob] | None] = []
+        for span, req in zip(batch.prefill, inputs.prompt_logprobs, strict=False):
+            if req is None:
+                prompt.append(None)
+                continue
+            rows = self.model.compute_logits(hidden[span.row : span.row + len(req.targets)])
+            prompt.append(prompt_logprobs(rows[:, :limit], req.targets, req.num_top))
+        return StepOutput(tokens, logprobs, prompt)

@@ -27,7 +27,7 @@ import torch
 import torch.distributed as dist
 
 from engine.runner.args import RunnerArgs
-from engine.runner.inputs import StepInputs
+from engine.runner.inputs import StepInputs, StepOutput
 from engine.runner.model_runner import ModelRunner, device_for
 from engine.scheduler.plan import Plan
 
@@ -99,7 +99,7 @@ class TPLeader:
         self.runner = ModelRunner(args, 0)
         self._closed = False
 
-    def step(self, plan: Plan, inputs: StepInputs) -> list[int]:
+    def step(self, plan: Plan, inputs: StepInputs) -> StepOutput:
         """Send the step to the followers, run it here; tokens for ``plan.sampling_rids()``."""
         if self._closed:
             raise RuntimeError("step() after shutdown()")

@@ -15,7 +15,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from engine import messages
-from engine.runner.inputs import StepInputs
+from engine.runner.inputs import PromptLogprobsRequest, StepInputs, StepOutput
+from engine.sampling.logprobs import TokenLogprob, first_prompt_entry
 from engine.sampling.params import SamplingParams
 from engine.scheduler import (
     Finished,
@@ -31,7 +32,7 @@ from engine.scheduler import (
 
 log = logging.getLogger(__name__)
 
-StepFn = Callable[[Plan, StepInputs], Sequence[int]]
+StepFn = Callable[[Plan, StepInputs], StepOutput]
 
 
 @dataclass
@@ -47,6 +48,19 @@ class Tracked:
     cached_tokens: int = 0
     num_output: int = 0
     token_times: list[float] = field(default_factory=list)
+    prompt_logprobs: list[TokenLogprob | None] | None = None  # by prompt position, when asked
+
+    def prompt_logprobs_request(self, start: int, length: int) -> PromptLogprobsRequest | None:
+        """What a prefill chunk over ``[start, start + length)`` must score, if anything.
+
+        Only before the first output token: a recompute after a preemption then
+        scores the same positions again (and overwrites them).
+        """
+        k = self.params.prompt_logprobs
+        if self.prompt_logprobs is None or k is None or self.num_output:
+            return None
+        end = min(start + length, self.prompt_len - 1)
+        return PromptLogprobsRequest(self.sequence[start + 1 : end + 1], k)
 
 
 class Engine:
@@ -66,10 +80,11 @@ class Engine:
         stop = set(params.stop_token_ids)
         if not params.ignore_eos:
             stop |= self.eos_token_ids
+        scored = params.prompt_logprobs is not None  # computed, never from the prefix cache
         req = Request(
             rid=msg.rid,
             prompt_len=len(msg.input_ids),
-            prompt=list(msg.input_ids),
+            prompt=() if scored else list(msg.input_ids),
             max_new_tokens=params.max_new_tokens,
             arrival=msg.received,
             stop_token_ids=frozenset(stop),
@@ -89,6 +104,9 @@ class Engine:
             received=msg.received,
             tokenized=msg.tokenized,
         )
+        if scored:
+            entries = [first_prompt_entry(msg.input_ids[0])]
+            self.tracked[msg.rid].prompt_logprobs = entries + [None] * (len(msg.input_ids) - 1)
         log.debug("rid %s queued: %d prompt tokens", msg.rid, len(msg.input_ids))
         return None
 
@@ -105,6 +123,7 @@ class Engine:
     def inputs(self, plan: Plan) -> StepInputs:
         tracked = self.tracked
         rids = plan.sampling_rids()
+        prompt = [tracked[c.rid].prompt_logprobs_request(c.start, c.length) for c in plan.prefill]
         return StepInputs(
             prefill_tokens=[
                 tracked[c.rid].sequence[c.start : c.start + c.length] for c in plan.prefill
@@ -112,6 +131,7 @@ class Engine:
             decode_tokens=[tracked[d.rid].sequence[d.position] for d in plan.decode],
             sampling=[tracked[rid].params for rid in rids],
             output_index=[tracked[rid].num_output for rid in rids],
+            prompt_logprobs=prompt if any(r is not None for r in prompt) else [],
         )
 
     def step(self) -> list[messages.TokenItem]:
@@ -125,16 +145,18 @@ class Engine:
                 t.first_scheduled = started
                 req = self.core.get(chunk.rid)
                 t.cached_tokens = req.num_cached if req is not None else 0
-        tokens: dict[str, int] = {}
+        out = StepOutput([])
         if plan.has_model_work:
-            rids = plan.sampling_rids()
-            sampled = self.run_step(plan, self.inputs(plan))
-            tokens = dict(zip(rids, sampled, strict=True))
+            out = self.run_step(plan, self.inputs(plan))
+            self._keep_prompt_logprobs(plan, out)
+        rids = plan.sampling_rids()
+        tokens = dict(zip(rids, out.tokens, strict=True))
+        logprobs = dict(zip(rids, out.logprobs, strict=False))
         done = time.time()
         items: dict[str, messages.TokenItem] = {}
         for event in self.core.complete(plan, tokens):
             if isinstance(event, TokenOut):
-                items[event.rid] = self._token_item(event, done)
+                items[event.rid] = self._token_item(event, done, logprobs.get(event.rid))
             elif isinstance(event, Finished):
                 item = items.get(event.rid)
                 if item is None:
@@ -149,11 +171,23 @@ class Engine:
                 log.info("rid %s preempted (KV pages ran out); it will recompute", event.rid)
         return list(items.values())
 
-    def _token_item(self, event: TokenOut, now: float) -> messages.TokenItem:
+    def _keep_prompt_logprobs(self, plan: Plan, out: StepOutput) -> None:
+        for chunk, entries in zip(plan.prefill, out.prompt_logprobs, strict=False):
+            t = self.tracked[chunk.rid]
+            if entries and t.prompt_logprobs is not None:
+                t.prompt_logprobs[chunk.start + 1 : chunk.start + 1 + len(entries)] = entries
+
+    def _token_item(
+        self, event: TokenOut, now: float, logprob: TokenLogprob | None
+    ) -> messages.TokenItem:
         t = self.tracked[event.rid]
         t.sequence.append(event.token)
         t.num_output += 1
         item = messages.TokenItem(rid=event.rid, token_ids=[event.token], token_times=[now])
+        if logprob is not None:
+            item.logprobs = [logprob]
+        if event.first and t.prompt_logprobs is not None:
+            item.prompt_logprobs = [e for e in t.prompt_logprobs if e is not None]
         if event.first:
             item.stop = list(t.params.stop)
             item.prompt_tokens = t.prompt_len
