@@ -28,13 +28,7 @@ from pathlib import Path
 import httpx
 from serving_load import Stream, served, stream_completion, tree_rss_mib, wait_idle
 
-PROMPTS = [
-    f"{s} is" for s in (
-        "The sun", "A cat", "Python", "The ocean", "Music", "A good book", "Winter", "Paris",
-        "The moon", "Coffee", "A forest", "Mathematics", "The internet", "Rain", "A bicycle",
-        "Chess",
-    )
-]  # fmt: skip
+PROMPTS = [f"Tell me fact number {i} about the sea." for i in range(16)]
 
 
 @dataclass
