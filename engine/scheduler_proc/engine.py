@@ -2,9 +2,9 @@
 
 The core (``engine.scheduler.Scheduler``) knows keys and pages; this object
 keeps what the core does not: each request's token sequence, sampling
-parameters and stage timestamps. ``step`` runs ``schedule -> model ->
-complete`` and turns the core's events into ``TokenItem`` values for the
-detokenizer.
+parameters, stage timestamps and, when asked for, its prompt log-probs.
+``step`` runs ``schedule -> model -> complete`` and turns the core's events
+into ``TokenItem`` values for the detokenizer.
 """
 
 from __future__ import annotations

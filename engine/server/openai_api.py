@@ -12,6 +12,7 @@ from fastapi.responses import JSONResponse, Response
 from starlette.requests import Request
 
 from engine import messages
+from engine.sampling.logprobs import TokenLogprob
 from engine.server.context import ServerContext, admit, respond
 from engine.server.errors import error_body
 from engine.server.frontend import RequestError, RequestResult, RequestStream
@@ -65,7 +66,9 @@ class Shape:
             "choices": choices,
         }
 
-    def _logprobs(self, entries: list[Any], pieces: dict[int, bytes]) -> dict[str, Any] | None:
+    def _logprobs(
+        self, entries: list[TokenLogprob], pieces: dict[int, bytes]
+    ) -> dict[str, Any] | None:
         if not self.logprobs:
             return None
         if self.chat:
@@ -88,8 +91,9 @@ class Shape:
         return self.envelope("text_completion", [choice])
 
     def role_chunk(self) -> dict[str, Any]:
-        choice = {"index": 0, "delta": {"role": "assistant", "content": ""}, "logprobs": None}
-        return self.envelope("chat.completion.chunk", [choice | {"finish_reason": None}])
+        delta = {"role": "assistant", "content": ""}
+        choice = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": None}
+        return self.envelope("chat.completion.chunk", [choice])
 
     def echo_chunk(self, result: RequestResult) -> dict[str, Any]:
         entries = result.prompt_logprobs or []
