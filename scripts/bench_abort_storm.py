@@ -144,7 +144,7 @@ def main() -> int:
         "engine_num_requests_open", "engine_requests_aborted_total", "engine_num_preemptions_total",
     )  # fmt: skip
     report = {
-        "command": shlex.join([sys.executable, *sys.argv]),
+        "command": "python " + shlex.join(sys.argv),
         "result": asdict(result),
         "metrics_after": {k: after[k] for k in keys},
         "aborted_counted": after["engine_requests_aborted_total"]

@@ -181,7 +181,7 @@ def main() -> int:
         "--request-timeout", str(args.request_timeout),
     )  # fmt: skip
     report = {
-        "command": shlex.join([sys.executable, *sys.argv]),
+        "command": "python " + shlex.join(sys.argv),
         "capacity_rps": round(cap, 2),
         "offered_rps": round(rate, 2),
         "bounded": run(args, bounded, rate),
