@@ -10,7 +10,7 @@ Retry-After) or timed out, whether every admitted one finished whole, their
 latencies, and the peak memory of the server's process tree. Writes
 ``reports/overload.json``.
 
-    python scripts/bench_overload.py --seconds 20 --factor 10
+    python scripts/bench_overload.py --seconds 30 --factor 10
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-from serving_load import Stream, served, stream_completion, tree_rss_mib, wait_idle
+from serving_load import Stream, scrape, served, stream_completion, tree_rss_mib, wait_idle
 
 PROMPTS = [f"Item {i}: describe a colour." for i in range(32)]
 
@@ -44,15 +44,22 @@ class Outcome:
 
 @dataclass
 class Sampler:
-    """Peak memory of the server's process tree, sampled from a thread."""
+    """Peaks of the server's memory (its process tree) and of the requests it holds open
+    and has waiting, sampled from a thread."""
 
     pid: int
+    url: str
     peak_mib: float = 0.0
+    peak_open: float = 0.0
+    peak_waiting: float = 0.0
     stop: threading.Event = field(default_factory=threading.Event)
 
     def run(self) -> None:
         while not self.stop.wait(0.25):
             self.peak_mib = max(self.peak_mib, tree_rss_mib(self.pid))
+            m = scrape(self.url)
+            self.peak_open = max(self.peak_open, m["engine_num_requests_open"])
+            self.peak_waiting = max(self.peak_waiting, m["engine_num_requests_waiting"])
 
 
 def body(rng: random.Random, max_tokens: int) -> dict[str, object]:
@@ -138,7 +145,7 @@ def run(args: argparse.Namespace, server_args: tuple[str, ...], rate: float) -> 
     with served(*server_args, threads=args.threads) as (proc, url):
         asyncio.run(capacity(url, 2, 2.0, 4))  # warm up
         idle_mib = tree_rss_mib(proc.pid)
-        sampler = Sampler(proc.pid)
+        sampler = Sampler(proc.pid, url)
         thread = threading.Thread(target=sampler.run, daemon=True)
         thread.start()
         start = time.monotonic()
@@ -153,6 +160,8 @@ def run(args: argparse.Namespace, server_args: tuple[str, ...], rate: float) -> 
         "server_args": list(server_args),
         "wall_s": round(wall, 1),
         "rss_mib": {"idle": round(idle_mib), "peak": round(sampler.peak_mib)},
+        "peak_open_requests": sampler.peak_open,
+        "peak_waiting_in_scheduler": sampler.peak_waiting,
         "kv_pages_held_after": after["engine_kv_pages_held"],
         "healthy_after": healthy,
     }
@@ -163,10 +172,10 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seconds", type=float, default=20.0)
     parser.add_argument("--factor", type=float, default=10.0)
-    parser.add_argument("--concurrency", type=int, default=32)
-    parser.add_argument("--max-tokens", type=int, default=32)
-    parser.add_argument("--max-queued", type=int, default=32)
-    parser.add_argument("--request-timeout", type=float, default=30.0)
+    parser.add_argument("--concurrency", type=int, default=16)
+    parser.add_argument("--max-tokens", type=int, default=16)
+    parser.add_argument("--max-queued", type=int, default=16)
+    parser.add_argument("--request-timeout", type=float, default=120.0)
     parser.add_argument("--client-timeout", type=float, default=60.0)
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--out", default="reports/overload.json")

@@ -135,9 +135,10 @@ class SchedulerLoop:
         update = messages.StatsUpdate(
             time=now, stats=self.engine.stats(), num_preemptions=self.engine.num_preemptions
         )
-        if self.last_stats is not None and (update.stats, update.num_preemptions) == (
-            self.last_stats.stats,
-            self.last_stats.num_preemptions,
+        last = self.last_stats
+        if last is not None and (last.stats, last.num_preemptions) == (
+            update.stats,
+            update.num_preemptions,
         ):
             return
         self.last_stats = update
