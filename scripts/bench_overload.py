@@ -1,9 +1,11 @@
 """Overload: offer 10x the engine's capacity and see what admission control does.
 
-First the capacity: ``--concurrency`` closed-loop clients for ``--seconds``
-(completed requests per second). Then, for each server configuration (bounded:
-``--max-queued`` and ``--request-timeout``; unbounded: neither), Poisson
-arrivals at ``--factor`` times that rate for ``--seconds``; every request
+For each server configuration (bounded: ``--max-queued`` and
+``--request-timeout``; unbounded: neither), first the capacity of that server:
+``--concurrency`` closed-loop clients for ``--seconds`` (completed requests per
+second, measured right before, so a change in the machine's load between the
+two runs does not skew the offered load). Then Poisson arrivals at
+``--factor`` times that rate for ``--seconds``; every request
 streams ``--max-tokens`` tokens (EOS ignored) and a client gives up after
 ``--client-timeout`` s. Recorded: how many were admitted, refused (429 with
 Retry-After) or timed out, whether every admitted one finished whole, their
@@ -141,9 +143,12 @@ def summarize(outcomes: list[Outcome]) -> dict[str, Any]:
     }
 
 
-def run(args: argparse.Namespace, server_args: tuple[str, ...], rate: float) -> dict[str, Any]:
+def run(args: argparse.Namespace, server_args: tuple[str, ...]) -> dict[str, Any]:
     with served(*server_args, threads=args.threads) as (proc, url):
         asyncio.run(capacity(url, 2, 2.0, 4))  # warm up
+        cap = asyncio.run(capacity(url, args.concurrency, args.seconds, args.max_tokens))
+        rate = cap * args.factor
+        wait_idle(url)
         idle_mib = tree_rss_mib(proc.pid)
         sampler = Sampler(proc.pid, url)
         thread = threading.Thread(target=sampler.run, daemon=True)
@@ -155,10 +160,12 @@ def run(args: argparse.Namespace, server_args: tuple[str, ...], rate: float) -> 
         sampler.stop.set()
         thread.join()
         healthy = httpx.get(f"{url}/health", timeout=10).status_code == 200
-    summary = summarize(outcomes)
+    summary = {"capacity_rps": round(cap, 2), "offered_rps": round(rate, 2)}
+    summary |= summarize(outcomes)
     summary |= {
         "server_args": list(server_args),
         "wall_s": round(wall, 1),
+        "served_rps": round(summary["finished_whole"] / wall, 2),
         "rss_mib": {"idle": round(idle_mib), "peak": round(sampler.peak_mib)},
         "peak_open_requests": sampler.peak_open,
         "peak_waiting_in_scheduler": sampler.peak_waiting,
@@ -181,20 +188,14 @@ def main() -> int:
     parser.add_argument("--out", default="reports/overload.json")
     args = parser.parse_args()
     running = ("--max-running", str(args.concurrency))
-    with served(*running, threads=args.threads) as (_, url):
-        asyncio.run(capacity(url, 2, 2.0, 4))  # warm up
-        cap = asyncio.run(capacity(url, args.concurrency, args.seconds, args.max_tokens))
-    rate = cap * args.factor
     bounded = (
         *running, "--max-queued", str(args.max_queued),
         "--request-timeout", str(args.request_timeout),
     )  # fmt: skip
     report = {
         "command": "python " + shlex.join(sys.argv),
-        "capacity_rps": round(cap, 2),
-        "offered_rps": round(rate, 2),
-        "bounded": run(args, bounded, rate),
-        "unbounded": run(args, running, rate),
+        "bounded": run(args, bounded),
+        "unbounded": run(args, running),
     }
     Path(args.out).write_text(json.dumps(report, indent=2) + "\n")
     print(json.dumps(report, indent=2))
