@@ -23,6 +23,7 @@ from typing import Any
 
 import msgspec
 
+from engine.sampling.logprobs import TokenLogprob
 from engine.sampling.params import SamplingParams
 from engine.scheduler.config import SchedulerStats
 
@@ -69,11 +70,18 @@ class AbortRequest(msgspec.Struct, tag=True):
 
 
 class RequestOutput(msgspec.Struct, kw_only=True):
-    """What a request produced so far: its tokens, how it ended, its counts and stage times."""
+    """What a request produced so far: its tokens, how it ended, its counts and stage times.
+
+    When the request asked for them, ``logprobs`` has one entry per token of
+    ``token_ids``, and the first item carries ``prompt_logprobs``, one entry per
+    prompt token.
+    """
 
     rid: str
     token_ids: list[int] = []
     token_times: list[float] = []
+    logprobs: list[TokenLogprob] = []
+    prompt_logprobs: list[TokenLogprob] | None = None
     finish_reason: str | None = None
     prompt_tokens: int = 0
     cached_tokens: int = 0
@@ -103,11 +111,17 @@ class TokenBatch(msgspec.Struct, tag=True):
 
 
 class TextItem(RequestOutput, kw_only=True):
-    """New text of one request; ``token_ids`` are the tokens that produced it."""
+    """New text of one request; ``token_ids`` are the tokens that produced it.
+
+    ``pieces`` maps every token id its log-prob entries name to the token's
+    bytes; ``prompt_text`` is the decoded prompt when ``prompt_logprobs`` is set.
+    """
 
     text: str
     error: str | None = None
     error_status: int = 400
+    pieces: dict[int, bytes] = {}
+    prompt_text: str | None = None
 
 
 class TextBatch(msgspec.Struct, tag=True):
@@ -115,10 +129,11 @@ class TextBatch(msgspec.Struct, tag=True):
 
 
 class StatsUpdate(msgspec.Struct, tag=True):
-    """The scheduler core's counters at one moment."""
+    """The scheduler core's counters at one moment, and the preemptions so far."""
 
     time: float
     stats: SchedulerStats
+    num_preemptions: int = 0
 
 
 class Ready(msgspec.Struct, tag=True):

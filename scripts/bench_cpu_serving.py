@@ -15,18 +15,16 @@ import asyncio
 import json
 import platform
 import shlex
-import signal
 import statistics
-import subprocess
 import sys
-import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
 import httpx
+from serving_load import MODEL
+from serving_load import served as serving
 
-MODEL = "smollm2-135m"
 SUBJECTS = (
     "The sun", "A cat", "Python", "The ocean", "Music", "A good book", "Winter", "Paris",
     "The moon", "Coffee", "A forest", "Mathematics", "The internet", "Rain", "A bicycle", "Chess",
@@ -39,30 +37,6 @@ class Timed:
     e2e: float
     tokens: int
     token_ids: list[int]
-
-
-def start_server(threads: int) -> tuple[subprocess.Popen[str], str]:
-    cmd = [
-        sys.executable, "-m", "engine.cli", "serve", "--model", MODEL, "--port", "0",
-        "--cpu-threads", str(threads), "--log-level", "warning",
-    ]  # fmt: skip
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True, stdin=subprocess.DEVNULL)
-    url: list[str] = []
-
-    def read() -> None:
-        assert proc.stdout is not None
-        for line in proc.stdout:
-            if " at http://" in line:
-                url.append(line.rsplit(" at ", 1)[1].strip())
-
-    threading.Thread(target=read, daemon=True).start()
-    deadline = time.monotonic() + 300
-    while not url:
-        if proc.poll() is not None or time.monotonic() > deadline:
-            proc.kill()
-            raise SystemExit("engine serve did not start")
-        time.sleep(0.1)
-    return proc, url[0]
 
 
 async def one_request(client: httpx.AsyncClient, ids: list[int], max_tokens: int) -> Timed:
@@ -146,12 +120,8 @@ def main() -> int:
     tok = AutoTokenizer.from_pretrained(model_dir)
     prompts = [tok.encode(f"{s} is", add_special_tokens=False) for s in SUBJECTS]
 
-    proc, url = start_server(args.threads)
-    try:
+    with serving(threads=args.threads) as (_, url):
         served, served_wall = asyncio.run(serve_all(url, prompts, args.max_tokens))
-    finally:
-        proc.send_signal(signal.SIGTERM)
-        proc.wait(60)
     hf_ids, hf_wall = hf_generate(model_dir, prompts, args.max_tokens)
 
     n_tokens = sum(r.tokens for r in served)

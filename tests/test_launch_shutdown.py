@@ -2,11 +2,9 @@
 
 from __future__ import annotations
 
-import os
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import httpx
@@ -23,8 +21,8 @@ def cmdline(pid: int) -> str:
         return ""
 
 
-def test_sigterm_stops_every_process_and_auth_is_enforced(model_ready: str) -> None:
-    server = start_server("--api-key", "s3cret", "--num-tokenizers", "2")
+def test_sigterm_without_drain_stops_every_process_and_auth_is_enforced(model_ready: str) -> None:
+    server = start_server("--api-key", "s3cret", "--num-tokenizers", "2", "--drain-timeout", "0")
     try:
         family = descendants(server.pid)
         roles = sorted(
@@ -56,8 +54,8 @@ def test_sigterm_stops_every_process_and_auth_is_enforced(model_ready: str) -> N
             assert next(lines).startswith("data: ")
             server.proc.send_signal(signal.SIGTERM)
             rest = [line for line in lines if line.startswith("data: ")]
-        assert rest[-1] == "data: [DONE]"  # open streams end cleanly
-        assert '"finish_reason": "abort"' in rest[-2]
+        assert rest[-1] == "data: [DONE]"  # open streams end with an error, then [DONE]
+        assert '"error"' in rest[-2] and "shutting down" in rest[-2]
         assert server.proc.wait(30) == 0
         assert not wait_gone(family, 10), "children outlived SIGTERM"
         assert "Traceback" not in server.log()
@@ -65,23 +63,6 @@ def test_sigterm_stops_every_process_and_auth_is_enforced(model_ready: str) -> N
         assert "ignored SIGTERM" not in server.log()
     finally:
         stop_server(server)
-
-
-def test_a_dead_child_takes_the_server_down(model_ready: str) -> None:
-    server = start_server()
-    try:
-        family = descendants(server.pid)
-        detok = [p for p in family if "child detokenizer" in cmdline(p)]
-        assert len(detok) == 1
-        os.kill(detok[0], signal.SIGKILL)
-        deadline = time.monotonic() + 30
-        while server.proc.poll() is None and time.monotonic() < deadline:
-            time.sleep(0.1)
-        assert server.proc.poll() == 1, "the server kept running without its detokenizer"
-        assert not wait_gone(family, 10), "processes left behind"
-        assert "detokenizer0" in server.log() and "exited" in server.log()
-    finally:
-        stop_server(server, check=False)
 
 
 def test_children_exit_when_the_server_is_killed(model_ready: str) -> None:

@@ -64,7 +64,7 @@ def test_dummy_preset_runs_and_chunking_is_exact(preset: str) -> None:
     token = runner.step(
         Plan(3, decode=(DecodeSlot("b", 20, (5, 4, 3)),)),
         StepInputs([], [int(whole.argmax())], [GREEDY], [1]),
-    )
+    ).tokens
     assert len(token) == 1 and 0 <= token[0] < vocab
 
 

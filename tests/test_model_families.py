@@ -135,4 +135,4 @@ def test_mixed_batch_matches_separate_runs(tmp_path: Path) -> None:
     assert got is not None and got.shape == (4, 300)
     for i in range(4):
         torch.testing.assert_close(got[i], refs[i], atol=2e-4, rtol=1e-4)
-    assert runner.step(mixed, inputs) == [int(r.argmax()) for r in refs]
+    assert runner.step(mixed, inputs).tokens == [int(r.argmax()) for r in refs]

@@ -76,14 +76,14 @@ def test_bad_step_rejected(
 
 
 def test_empty_plan_returns_no_tokens(runner: ModelRunner) -> None:
-    assert runner.step(Plan(0), StepInputs([], [], [], [])) == []
+    assert runner.step(Plan(0), StepInputs([], [], [], [])).tokens == []
 
 
 def test_leader_with_one_rank_needs_no_process_group() -> None:
     leader = TPLeader(RunnerArgs(model="tiny-qwen3", dummy_weights=True, num_pages=4))
     assert not torch.distributed.is_initialized()
     plan = Plan(0, prefill=(PrefillChunk("a", 0, 3, True, (2,)),))
-    assert len(leader.step(plan, StepInputs([[4, 5, 6]], [], [SP], [0]))) == 1
+    assert len(leader.step(plan, StepInputs([[4, 5, 6]], [], [SP], [0])).tokens) == 1
     leader.shutdown()
     with pytest.raises(RuntimeError, match="after shutdown"):
         leader.step(plan, StepInputs([[4, 5, 6]], [], [SP], [0]))

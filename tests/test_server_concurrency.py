@@ -71,7 +71,7 @@ def wait_for(
 
 
 def test_disconnect_mid_stream_aborts_and_frees_pages(server: Server) -> None:
-    idle = wait_for(server, "an idle server", lambda m: m["engine_num_running_requests"] == 0)
+    idle = wait_for(server, "an idle server", lambda m: m["engine_num_requests_running"] == 0)
     baseline = idle["engine_kv_pages_held"]
     aborted_before = idle["engine_requests_aborted_total"]
     body = {
@@ -95,13 +95,13 @@ def test_disconnect_mid_stream_aborts_and_frees_pages(server: Server) -> None:
             if got >= 3:
                 break
         running = server.metrics()
-        assert running["engine_num_running_requests"] == 1
+        assert running["engine_num_requests_running"] == 1
         assert running["engine_kv_pages_held"] > baseline
     # the connection is closed: only an abort ends 2000 tokens within 20 s on CPU
     after = wait_for(
         server,
         "the aborted request's pages to be released",
-        lambda m: m["engine_num_running_requests"] == 0 and m["engine_kv_pages_held"] == baseline,
+        lambda m: m["engine_num_requests_running"] == 0 and m["engine_kv_pages_held"] == baseline,
         timeout=20,
     )
     assert after["engine_requests_aborted_total"] == aborted_before + 1
@@ -114,7 +114,7 @@ def test_disconnect_mid_stream_aborts_and_frees_pages(server: Server) -> None:
 
 
 def test_disconnect_while_waiting_for_a_non_streamed_answer_aborts(server: Server) -> None:
-    idle = wait_for(server, "an idle server", lambda m: m["engine_num_running_requests"] == 0)
+    idle = wait_for(server, "an idle server", lambda m: m["engine_num_requests_running"] == 0)
     body = {"prompt": "Count to a thousand:", "max_tokens": 2000, "ignore_eos": True}
     with pytest.raises(httpx.ReadTimeout):
         httpx.post(f"{server.url}/v1/completions", json=body, timeout=1.5)
@@ -123,7 +123,7 @@ def test_disconnect_while_waiting_for_a_non_streamed_answer_aborts(server: Serve
         "the abandoned request to be aborted",
         lambda m: (
             m["engine_requests_aborted_total"] == idle["engine_requests_aborted_total"] + 1
-            and m["engine_num_running_requests"] == 0
+            and m["engine_num_requests_running"] == 0
             and m["engine_kv_pages_held"] == idle["engine_kv_pages_held"]
         ),
         timeout=20,

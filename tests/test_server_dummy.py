@@ -39,7 +39,8 @@ def test_runner_samples_below_its_vocab_limit() -> None:
     logits = runner.logits(plan, StepInputs([prompt, prompt], [], params, [0, 0]))
     assert logits is not None and logits.shape[-1] == runner.config.vocab_size  # the full head
     assert all(
-        0 <= t < 7 for t in runner.step(plan, StepInputs([prompt, prompt], [], params, [0, 0]))
+        0 <= t < 7
+        for t in runner.step(plan, StepInputs([prompt, prompt], [], params, [0, 0])).tokens
     )
 
 

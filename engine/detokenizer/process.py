@@ -3,7 +3,8 @@
 Per request it keeps an ``IncrementalDecoder`` and a ``StopMatcher``. When a
 stop string matches, the request finishes here with reason ``stop`` and the
 scheduler is told to abort it (freeing its pages); tokens of that request
-still in flight are dropped.
+still in flight are dropped. Items with log-prob entries get the bytes of the
+tokens they name, and the decoded prompt when they carry prompt entries.
 """
 
 from __future__ import annotations
@@ -15,9 +16,10 @@ from typing import Any
 
 from engine import messages
 from engine.detokenizer.incremental import IncrementalDecoder
+from engine.detokenizer.pieces import TokenPieces
 from engine.detokenizer.stop import StopMatcher
-from engine.launch.child import open_sockets, recv_message, report_ready
 from engine.launch.config import ServeConfig
+from engine.launch.ipc import open_sockets, recv_message, report_ready
 
 log = logging.getLogger(__name__)
 MAX_STOPPED = 4096
@@ -34,6 +36,7 @@ class Detokenizer:
 
     def __init__(self, tokenizer: Any) -> None:
         self.tokenizer = tokenizer
+        self.pieces = TokenPieces(tokenizer)
         self.states: dict[str, DetokState] = {}
         self.stopped: OrderedDict[str, None] = OrderedDict()
 
@@ -71,7 +74,13 @@ class Detokenizer:
         if finish is not None:
             del self.states[item.rid]
         output = item.output_fields() | {"finish_reason": finish}
-        return messages.TextItem(**output, text=text, error=item.error)
+        out = messages.TextItem(**output, text=text, error=item.error)
+        prompt = item.prompt_logprobs
+        if item.logprobs or prompt:
+            out.pieces = self.pieces.of(item.logprobs + (prompt or []))
+        if prompt is not None:
+            out.prompt_text = state.decoder.decode([e.token_id for e in prompt])
+        return out
 
 
 def run_detokenizer(cfg: ServeConfig) -> None:

@@ -16,9 +16,6 @@ import threading
 import time
 from pathlib import Path
 
-import zmq
-
-from engine import messages
 from engine.launch.config import ServeConfig
 from engine.launch.rundir import remove_run_dir
 
@@ -67,48 +64,6 @@ def setup_logging(level: str, name: str) -> None:
         stream=sys.stderr,
         force=True,
     )
-
-
-SIGNAL_CHECK_MS = 500
-
-
-def recv_message(sock: zmq.Socket[bytes]) -> messages.Message | None:
-    """The next message, or None for bytes that are not one (logged).
-
-    Waits in slices of ``SIGNAL_CHECK_MS``: a SIGTERM the kernel delivers to
-    another thread would not interrupt a blocking receive, so the main thread
-    returns to Python regularly to run its handler.
-    """
-    while not sock.poll(SIGNAL_CHECK_MS):
-        pass
-    return messages.try_decode(sock.recv())
-
-
-Context = zmq.Context[zmq.Socket[bytes]]
-
-
-def open_sockets(
-    inbox_addr: str, *out_addrs: str
-) -> tuple[Context, zmq.Socket[bytes], list[zmq.Socket[bytes]]]:
-    """A new context, a PULL socket bound at ``inbox_addr`` and a PUSH to each of ``out_addrs``."""
-    ctx: Context = zmq.Context()
-    inbox = ctx.socket(zmq.PULL)
-    inbox.bind(inbox_addr)
-    outs = []
-    for addr in out_addrs:
-        sock = ctx.socket(zmq.PUSH)
-        sock.connect(addr)
-        outs.append(sock)
-    return ctx, inbox, outs
-
-
-def report_ready(cfg: ServeConfig, ctx: Context, role: str, rank: int, **info: object) -> None:
-    """Tell the launcher this child is ready to serve."""
-    sock = ctx.socket(zmq.PUSH)
-    sock.setsockopt(zmq.LINGER, 2000)
-    sock.connect(cfg.ready_addr)
-    sock.send(messages.encode(messages.Ready(role=role, rank=rank, pid=os.getpid(), info=info)))
-    sock.close()
 
 
 def _exit_once(signum: int, frame: object) -> None:

@@ -40,7 +40,10 @@ class ServeConfig(msgspec.Struct, kw_only=True):
     folder of the tokenizer, chat template and ``eos_token_ids``; ``vocab_size``
     the model's vocabulary, of which sampling draws only the first
     ``vocab_limit`` ids (None: all). ``max_model_len`` bounds prompt plus output
-    tokens.
+    tokens. ``max_queued`` bounds the requests waiting for their first token
+    (None: unbounded), ``request_timeout`` the seconds a request may take
+    (None: no limit), ``drain_timeout`` the seconds SIGTERM lets open requests
+    finish (0: stop at once).
     """
 
     model: str
@@ -61,6 +64,9 @@ class ServeConfig(msgspec.Struct, kw_only=True):
     policy: str = "fcfs"
     dummy_weights: bool = False
     api_key: str | None = None
+    max_queued: int | None = None
+    request_timeout: float | None = None
+    drain_timeout: float = 20.0
     max_running: int = 256
     max_prefill_tokens: int = 8192
     num_pages: int | None = None

@@ -95,11 +95,15 @@ class Launcher:
         return ready
 
     def check_alive(self) -> None:
-        for child in self.children:
-            code = child.proc.poll()
-            if code is not None:
-                self.dead = f"{child.name} (pid {child.proc.pid}) exited with code {code}"
-                raise ChildDied(self.dead)
+        """Raise ``ChildDied`` naming every child that has exited (killed ones first: when a
+        killed child takes another down with it, both are found by the same check)."""
+        dead = [(c, code) for c in self.children if (code := c.proc.poll()) is not None]
+        if dead:
+            dead.sort(key=lambda d: d[1] >= 0)
+            self.dead = "; ".join(
+                f"{c.name} (pid {c.proc.pid}) exited with code {code}" for c, code in dead
+            )
+            raise ChildDied(self.dead)
 
     def watch(self, on_death: Callable[[str], None]) -> threading.Thread:
         """Call ``on_death(description)`` from a thread once any child exits."""

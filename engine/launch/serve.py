@@ -34,6 +34,20 @@ def positive_int(text: str) -> int:
     return value
 
 
+def positive_float(text: str) -> float:
+    value = float(text)
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"must be > 0, got {text}")
+    return value
+
+
+def non_negative_float(text: str) -> float:
+    value = float(text)
+    if not value >= 0:
+        raise argparse.ArgumentTypeError(f"must be >= 0, got {text}")
+    return value
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="engine serve", description="Serve a model over HTTP.")
     p.add_argument(
@@ -85,6 +99,26 @@ def build_parser() -> argparse.ArgumentParser:
         help="auto: float32 on CPU, bfloat16 on CUDA",
     )
     p.add_argument("--max-model-len", type=positive_int, default=None)
+    p.add_argument(
+        "--max-queued",
+        type=positive_int,
+        default=None,
+        help="requests that may wait for their first token; beyond it 429 with Retry-After "
+        "(default: unbounded)",
+    )
+    p.add_argument(
+        "--request-timeout",
+        type=positive_float,
+        default=None,
+        help="seconds a request may take before it is aborted with 504 (default: none)",
+    )
+    p.add_argument(
+        "--drain-timeout",
+        type=non_negative_float,
+        default=20.0,
+        help="on SIGTERM, seconds open requests may take to finish while new ones get 503 "
+        "(0: stop at once)",
+    )
     p.add_argument("--cpu-threads", type=positive_int, default=None, help="torch threads per rank")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--ready-timeout", type=float, default=600.0)
@@ -197,11 +231,52 @@ def serve_main(argv: list[str] | None = None) -> int:
 
 
 class EngineServer(uvicorn.Server):
-    """uvicorn that ends open streams before waiting for their connections to close."""
+    """uvicorn that drains on SIGTERM and fails open requests before closing their connections.
 
-    def __init__(self, config: uvicorn.Config, on_shutdown: Callable[[], None]) -> None:
+    The first SIGTERM (with a drain timeout) starts draining: ``on_drain`` makes
+    new requests get 503, and the server stops once no request is open or the
+    timeout has passed. SIGINT, a second SIGTERM, SIGHUP or a dead child stop it
+    at once. At shutdown ``on_shutdown`` fails whatever is still open.
+    """
+
+    def __init__(
+        self,
+        config: uvicorn.Config,
+        drain_timeout: float,
+        on_drain: Callable[[], None],
+        open_requests: Callable[[], int],
+        on_shutdown: Callable[[], None],
+    ) -> None:
         super().__init__(config)
+        self.drain_timeout = drain_timeout
+        self.on_drain = on_drain
+        self.open_requests = open_requests
         self.on_shutdown = on_shutdown
+        self.drain_deadline: float | None = None
+
+    def handle_exit(self, sig: int, frame: FrameType | None) -> None:
+        if sig == signal.SIGTERM and self.drain_timeout > 0 and self.drain_deadline is None:
+            self._captured_signals.append(sig)
+            self.drain_deadline = time.monotonic() + self.drain_timeout
+            log.info(
+                "SIGTERM received; draining %d open requests for up to %g s",
+                self.open_requests(),
+                self.drain_timeout,
+            )
+            self.on_drain()
+            return
+        super().handle_exit(sig, frame)
+
+    async def on_tick(self, counter: int) -> bool:
+        deadline = self.drain_deadline
+        if deadline is not None and not self.should_exit:
+            if self.open_requests() == 0:
+                log.info("drained: no request is open")
+                self.should_exit = True
+            elif time.monotonic() >= deadline:
+                log.warning("drain timeout: %d requests still open", self.open_requests())
+                self.should_exit = True
+        return await super().on_tick(counter)
 
     async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
         self.on_shutdown()
@@ -213,13 +288,28 @@ def run_frontend(cfg: ServeConfig, launcher: Launcher, listener: socket.socket) 
     from engine.server.app import create_app
 
     app = create_app(cfg, health=lambda: launcher.dead)
+    ctx = app.state.ctx
     config = uvicorn.Config(
         app,
         log_level=cfg.log_level,
         timeout_graceful_shutdown=3,
         access_log=cfg.log_level == "debug",
     )
-    server = EngineServer(config, on_shutdown=app.state.ctx.frontend.end_all)
+
+    def drain() -> None:
+        ctx.draining = True
+
+    def fail_open_requests() -> None:
+        reason = launcher.dead or ("drain timeout" if ctx.draining else "shutdown")
+        ctx.frontend.end_all(f"the server is shutting down: {reason}")
+
+    server = EngineServer(
+        config,
+        drain_timeout=cfg.drain_timeout,
+        on_drain=drain,
+        open_requests=lambda: len(ctx.frontend.streams),
+        on_shutdown=fail_open_requests,
+    )
     launcher.watch(lambda _: setattr(server, "should_exit", True))
 
     def announce() -> None:

@@ -115,6 +115,18 @@ class StepLayout:
 
 
 def _check_counts(plan: Plan, inputs: StepInputs) -> None:
+    scored = inputs.prompt_logprobs
+    if scored and len(scored) != len(plan.prefill):
+        raise ValueError(
+            f"plan has {len(plan.prefill)} prefill chunks but {len(scored)} prompt log-prob "
+            "entries were given"
+        )
+    for chunk, req in zip(plan.prefill, scored, strict=False):
+        if req is not None and len(req.targets) > chunk.length:
+            raise ValueError(
+                f"request {chunk.rid}: {len(req.targets)} prompt log-prob targets for a chunk "
+                f"of {chunk.length} tokens"
+            )
     if len(inputs.prefill_tokens) != len(plan.prefill):
         raise ValueError(
             f"plan has {len(plan.prefill)} prefill chunks but {len(inputs.prefill_tokens)} "

@@ -15,7 +15,7 @@ A step, as ``launch`` runs it::
             -> logits of the sampled rows -> sampling -> tokens copied to pinned memory
 
 Nothing in ``launch`` waits for the device, so the caller can prepare the next
-step while this one runs; ``StepHandle.tokens()`` waits. Setting ``step_events``
+step while this one runs; ``StepHandle.result()`` waits. Setting ``step_events``
 to a list makes every launch append a (start, end) pair of CUDA timing events
 around its device work, from which the idle time between steps follows. Every tensor-parallel
 rank runs the same steps, samples the same tokens (identical logits, identical
@@ -44,11 +44,12 @@ from engine.models.setup import ModelNotFoundError, resolve_model
 from engine.runner.args import RunnerArgs
 from engine.runner.device_step import DeviceStep
 from engine.runner.graphs import DecodeGraphs
-from engine.runner.inputs import FROM_LAST_SAMPLE, StepInputs
+from engine.runner.inputs import FROM_LAST_SAMPLE, StepInputs, StepOutput
 from engine.runner.layout import StepLayout
 from engine.runner.staging import Staging
-from engine.runner.step import StepHandle
+from engine.runner.step import StepHandle, StepLogprobs
 from engine.runner.table import RequestTable
+from engine.sampling.logprobs import PendingLogprobs, pending_logprobs
 from engine.sampling.sampler import Sampler, SamplingArrays
 from engine.scheduler.plan import Plan
 
@@ -81,6 +82,7 @@ class _Forward:
     """One step's work on the device, up to the logits."""
 
     layout: StepLayout
+    hidden: torch.Tensor  # [T, hidden]
     logits: torch.Tensor  # float32 [S, vocab]
     sampling: SamplingArrays
 
@@ -226,7 +228,8 @@ class ModelRunner:
         tokens = self.sampler.sample_tensor(forward.logits, forward.sampling)
         self._last_tokens = tokens
         self._last_rows = {rid: i for i, rid in enumerate(plan.sampling_rids())}
-        handle = StepHandle(tokens)
+        logprobs = self._logprobs(forward, tokens, inputs) if self.tp.rank == 0 else None
+        handle = StepHandle(tokens, logprobs)
         end = self._timing_event()
         if self.step_events is not None and start is not None and end is not None:
             self.step_events.append((start, end))
@@ -240,9 +243,38 @@ class ModelRunner:
         event.record()
         return event
 
-    def step(self, plan: Plan, inputs: StepInputs) -> list[int]:
-        """Run ``plan`` and wait; the sampled token of each of ``plan.sampling_rids()``."""
-        return self.launch(plan, inputs).tokens()
+    def _logprobs(
+        self, forward: _Forward, tokens: torch.Tensor, inputs: StepInputs
+    ) -> StepLogprobs | None:
+        """The log-probs the step's requests asked for, computed on the device (see
+        ``engine.sampling.logprobs``): over the model's distribution below the vocab limit."""
+        limit = self._sampler_vocab()
+        wanted = [p.logprobs for p in inputs.sampling]
+        rows = [i for i, k in enumerate(wanted) if k is not None]
+        if not rows and not any(r is not None for r in inputs.prompt_logprobs):
+            return None
+        sampled = None
+        if rows:
+            index = torch.tensor(rows, dtype=torch.int64, device=self.device)
+            num_top = [wanted[i] or 0 for i in rows]
+            sampled = pending_logprobs(forward.logits[index, :limit], tokens[index], num_top)
+        prompt: list[tuple[list[int], PendingLogprobs] | None] = []
+        qo = forward.layout.qo_indptr
+        for i, req in enumerate(inputs.prompt_logprobs):
+            if req is None:
+                prompt.append(None)
+                continue
+            n = len(req.targets)
+            logits = self.model.compute_logits(forward.hidden[int(qo[i]) : int(qo[i]) + n])
+            targets = torch.tensor(req.targets, dtype=torch.int64, device=self.device)
+            prompt.append(
+                (req.targets, pending_logprobs(logits[:, :limit], targets, [req.num_top] * n))
+            )
+        return StepLogprobs(rows, sampled, prompt)
+
+    def step(self, plan: Plan, inputs: StepInputs) -> StepOutput:
+        """Run ``plan`` and wait: the tokens of ``plan.sampling_rids()`` and their log-probs."""
+        return self.launch(plan, inputs).result()
 
     @torch.inference_mode()
     def logits(self, plan: Plan, inputs: StepInputs) -> torch.Tensor | None:
@@ -272,7 +304,7 @@ class ModelRunner:
         meta = step.metadata(layout, self.table, self.pinned)
         hidden = self._run_model(layout, ids, step.positions, meta)
         logits = self.model.compute_logits(hidden.index_select(0, step.sample_rows))
-        return _Forward(layout, logits, step.sampling)
+        return _Forward(layout, hidden, logits, step.sampling)
 
     def _run_model(
         self,

@@ -1,13 +1,19 @@
-"""A launched step: its sampled tokens on the device, and their way back to the host.
+"""A launched step: its results on the device, and their way back to the host.
 
-``StepHandle.tokens()`` waits for the copy of the step's tokens into pinned host
-memory (a CUDA event), so a caller can launch step N+1 before it reads step N's
-tokens. On CPU the step has already run when it is launched.
+``StepHandle.result()`` waits for the copy of the step's tokens into pinned host
+memory (a CUDA event) and reads the log-probs the requests asked for, so a
+caller can launch step N+1 before it reads step N's results. On CPU the step
+has already run when it is launched.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
+
 import torch
+
+from engine.runner.inputs import StepOutput
+from engine.sampling.logprobs import PendingLogprobs, TokenLogprob
 
 
 def recorded_event() -> torch.cuda.Event:
@@ -17,10 +23,21 @@ def recorded_event() -> torch.cuda.Event:
     return event
 
 
+@dataclass(frozen=True, slots=True)
+class StepLogprobs:
+    """The log-probs a step computes on the device: of the sampled ``rows`` (positions in
+    ``plan.sampling_rids()``), and per prefill chunk the prompt targets it scored."""
+
+    rows: list[int] = field(default_factory=list)
+    sampled: PendingLogprobs | None = None
+    prompt: list[tuple[list[int], PendingLogprobs] | None] = field(default_factory=list)
+
+
 class StepHandle:
-    def __init__(self, sampled: torch.Tensor | None) -> None:
+    def __init__(self, sampled: torch.Tensor | None, logprobs: StepLogprobs | None = None) -> None:
         """``sampled``: the step's tokens on the device (None for a step without model work)."""
         self.sampled = sampled
+        self.logprobs = logprobs
         self._host: torch.Tensor | None = None
         self._event: torch.cuda.Event | None = None
         if sampled is not None and sampled.is_cuda:
@@ -29,7 +46,7 @@ class StepHandle:
             self._event = recorded_event()
 
     def done(self) -> bool:
-        """Whether ``tokens()`` would return without waiting."""
+        """Whether ``result()`` would return without waiting for the device."""
         return self._event is None or bool(self._event.query())  # type: ignore[no-untyped-call]
 
     def tokens(self) -> list[int]:
@@ -40,3 +57,18 @@ class StepHandle:
             self._event.synchronize()
             return [int(t) for t in self._host.tolist()]
         return [int(t) for t in self.sampled.tolist()]
+
+    def result(self) -> StepOutput:
+        """Tokens and log-probs (waits for the device)."""
+        tokens = self.tokens()
+        lp = self.logprobs
+        if lp is None:
+            return StepOutput(tokens)
+        sampled: list[TokenLogprob | None] = []
+        if lp.sampled is not None:
+            sampled = [None] * len(tokens)
+            entries = lp.sampled.entries([tokens[i] for i in lp.rows])
+            for i, entry in zip(lp.rows, entries, strict=True):
+                sampled[i] = entry
+        prompt = [None if p is None else p[1].entries(p[0]) for p in lp.prompt]
+        return StepOutput(tokens, sampled, prompt)

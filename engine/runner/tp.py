@@ -29,7 +29,7 @@ import torch
 import torch.distributed as dist
 
 from engine.runner.args import RunnerArgs
-from engine.runner.inputs import StepInputs
+from engine.runner.inputs import StepInputs, StepOutput
 from engine.runner.model_runner import ModelRunner, device_for
 from engine.runner.step import StepHandle
 from engine.scheduler.plan import Plan
@@ -110,9 +110,9 @@ class TPLeader:
             _broadcast_bytes(encode_step(plan, inputs), self.group)
         return self.runner.launch(plan, inputs)
 
-    def step(self, plan: Plan, inputs: StepInputs) -> list[int]:
+    def step(self, plan: Plan, inputs: StepInputs) -> StepOutput:
         """Run ``plan`` on every rank and wait; tokens for ``plan.sampling_rids()``."""
-        return self.launch(plan, inputs).tokens()
+        return self.launch(plan, inputs).result()
 
     def shutdown(self) -> None:
         """Tell the followers to exit and leave the process group (idempotent)."""

@@ -5,6 +5,7 @@ from __future__ import annotations
 import msgspec
 
 GREEDY_EPS = 1e-5
+MAX_LOGPROBS = 20
 
 
 class SamplingParams(msgspec.Struct, kw_only=True):
@@ -13,6 +14,11 @@ class SamplingParams(msgspec.Struct, kw_only=True):
     ``temperature`` 0 is greedy. ``top_k`` -1 (or 0) keeps every token; ``top_p``
     1.0 keeps the whole distribution. With a ``seed``, the token drawn at output
     index ``i`` depends only on (seed, i) and the logits, so runs repeat.
+    ``logprobs`` N (None: off) returns the log-probability of each generated
+    token and the N most likely ones; ``prompt_logprobs`` N does the same for
+    every prompt token (such a request bypasses the prefix cache, whose pages
+    carry no logits). Log-probabilities are of the model's distribution, before
+    temperature, top-k and top-p.
     """
 
     temperature: float = 1.0
@@ -23,6 +29,8 @@ class SamplingParams(msgspec.Struct, kw_only=True):
     stop: list[str] = msgspec.field(default_factory=list)
     stop_token_ids: list[int] = msgspec.field(default_factory=list)
     ignore_eos: bool = False
+    logprobs: int | None = None
+    prompt_logprobs: int | None = None
 
     @property
     def is_greedy(self) -> bool:
@@ -46,4 +54,8 @@ class SamplingParams(msgspec.Struct, kw_only=True):
             raise ValueError(
                 f"stop_token_ids must be non-negative integers, got {self.stop_token_ids!r}"
             )
+        for name in ("logprobs", "prompt_logprobs"):
+            value = getattr(self, name)
+            if value is not None and not 0 <= value <= MAX_LOGPROBS:
+                raise ValueError(f"{name} must be in [0, {MAX_LOGPROBS}], got {value}")
         return self

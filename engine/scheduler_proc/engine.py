@@ -2,7 +2,8 @@
 
 The core (``engine.scheduler.Scheduler``) knows keys and pages; this object
 keeps what the core does not: each request's token sequence, sampling
-parameters and stage timestamps. A step is two calls:
+parameters, stage timestamps and, when asked for, its prompt log-probs. A step
+is two calls:
 
 - ``launch()``: ``schedule`` a plan, build its inputs and start it on the model
   (which returns at once on CUDA);
@@ -22,8 +23,9 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from engine import messages
-from engine.runner.inputs import FROM_LAST_SAMPLE, StepInputs
+from engine.runner.inputs import FROM_LAST_SAMPLE, PromptLogprobsRequest, StepInputs, StepOutput
 from engine.runner.step import StepHandle
+from engine.sampling.logprobs import TokenLogprob, first_prompt_entry
 from engine.sampling.params import SamplingParams
 from engine.scheduler import (
     Finished,
@@ -55,6 +57,19 @@ class Tracked:
     cached_tokens: int = 0
     num_output: int = 0
     token_times: list[float] = field(default_factory=list)
+    prompt_logprobs: list[TokenLogprob | None] | None = None  # by prompt position, when asked
+
+    def prompt_logprobs_request(self, start: int, length: int) -> PromptLogprobsRequest | None:
+        """What a prefill chunk over ``[start, start + length)`` must score, if anything.
+
+        Only before the first output token: a recompute after a preemption then
+        scores the same positions again (and overwrites them).
+        """
+        k = self.params.prompt_logprobs
+        if self.prompt_logprobs is None or k is None or self.num_output:
+            return None
+        end = min(start + length, self.prompt_len - 1)
+        return PromptLogprobsRequest(self.sequence[start + 1 : end + 1], k)
 
 
 @dataclass(frozen=True, slots=True)
@@ -75,6 +90,7 @@ class Engine:
         self.tracked: dict[str, Tracked] = {}
         self._ended: list[str] = []  # requests that ended since the last launch
         self.last_plan: Plan | None = None
+        self.num_preemptions = 0
 
     def add(self, msg: messages.TokenizedRequest) -> messages.TokenItem | None:
         """Queue a tokenized request; an error item if the core rejects it."""
@@ -82,10 +98,11 @@ class Engine:
         stop = set(params.stop_token_ids)
         if not params.ignore_eos:
             stop |= self.eos_token_ids
+        scored = params.prompt_logprobs is not None  # computed, never from the prefix cache
         req = Request(
             rid=msg.rid,
             prompt_len=len(msg.input_ids),
-            prompt=list(msg.input_ids),
+            prompt=() if scored else list(msg.input_ids),
             max_new_tokens=params.max_new_tokens,
             arrival=msg.received,
             stop_token_ids=frozenset(stop),
@@ -105,6 +122,9 @@ class Engine:
             received=msg.received,
             tokenized=msg.tokenized,
         )
+        if scored:
+            entries = [first_prompt_entry(msg.input_ids[0])]
+            self.tracked[msg.rid].prompt_logprobs = entries + [None] * (len(msg.input_ids) - 1)
         log.debug("rid %s queued: %d prompt tokens", msg.rid, len(msg.input_ids))
         return None
 
@@ -141,6 +161,7 @@ class Engine:
             params.append(t.params)
             index.append(d.position + 1 - t.prompt_len)
         ended, self._ended = self._ended, []
+        prompt = [tracked[c.rid].prompt_logprobs_request(c.start, c.length) for c in plan.prefill]
         return StepInputs(
             prefill_tokens=[
                 tracked[c.rid].sequence[c.start : c.start + c.length] for c in plan.prefill
@@ -148,6 +169,7 @@ class Engine:
             decode_tokens=decode_tokens,
             sampling=params,
             output_index=index,
+            prompt_logprobs=prompt if any(r is not None for r in prompt) else [],
             released=ended,
         )
 
@@ -170,12 +192,16 @@ class Engine:
     def finish(self, launched: Launched) -> list[messages.TokenItem]:
         """Wait for ``launched``'s tokens and apply them; the token items, one per request."""
         plan = launched.plan
-        tokens = dict(zip(plan.sampling_rids(), launched.handle.tokens(), strict=False))
+        out = launched.handle.result()
+        self._keep_prompt_logprobs(plan, out)
+        rids = plan.sampling_rids()
+        tokens = dict(zip(rids, out.tokens, strict=False))
+        logprobs = dict(zip(rids, out.logprobs, strict=False))
         done = time.time()
         items: dict[str, messages.TokenItem] = {}
         for event in self.core.complete(plan, tokens):
             if isinstance(event, TokenOut):
-                items[event.rid] = self._token_item(event, done)
+                items[event.rid] = self._token_item(event, done, logprobs.get(event.rid))
             elif isinstance(event, Finished):
                 item = items.get(event.rid)
                 if item is None:
@@ -186,6 +212,7 @@ class Engine:
                 item.finished = done
                 self._forget(event.rid, event)
             elif isinstance(event, Preempted):
+                self.num_preemptions += 1
                 log.info("rid %s preempted (KV pages ran out); it will recompute", event.rid)
         return list(items.values())
 
@@ -212,11 +239,23 @@ class Engine:
         stalled = not launched.plan.has_model_work and not produced
         return items + produced, None, stalled
 
-    def _token_item(self, event: TokenOut, now: float) -> messages.TokenItem:
+    def _keep_prompt_logprobs(self, plan: Plan, out: StepOutput) -> None:
+        for chunk, entries in zip(plan.prefill, out.prompt_logprobs, strict=False):
+            t = self.tracked.get(chunk.rid)
+            if entries and t is not None and t.prompt_logprobs is not None:
+                t.prompt_logprobs[chunk.start + 1 : chunk.start + 1 + len(entries)] = entries
+
+    def _token_item(
+        self, event: TokenOut, now: float, logprob: TokenLogprob | None
+    ) -> messages.TokenItem:
         t = self.tracked[event.rid]
         t.sequence.append(event.token)
         t.num_output += 1
         item = messages.TokenItem(rid=event.rid, token_ids=[event.token], token_times=[now])
+        if logprob is not None:
+            item.logprobs = [logprob]
+        if event.first and t.prompt_logprobs is not None:
+            item.prompt_logprobs = [e for e in t.prompt_logprobs if e is not None]
         if event.first:
             item.stop = list(t.params.stop)
             item.prompt_tokens = t.prompt_len

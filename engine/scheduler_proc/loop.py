@@ -24,10 +24,10 @@ from typing import TYPE_CHECKING
 import zmq
 
 from engine import messages
-from engine.launch.child import open_sockets, report_ready
 from engine.launch.config import ServeConfig, config_from
+from engine.launch.ipc import open_sockets, report_ready
 from engine.runner.args import RunnerArgs
-from engine.scheduler import SchedulerConfig, SchedulerStats
+from engine.scheduler import SchedulerConfig
 from engine.scheduler_proc.engine import Engine, Launched
 
 if TYPE_CHECKING:
@@ -98,7 +98,7 @@ class SchedulerLoop:
         self.inbox = inbox
         self.to_detok = to_detok
         self.to_frontend = to_frontend
-        self.last_stats: SchedulerStats | None = None
+        self.last_stats: messages.StatsUpdate | None = None
         self.last_stats_time = 0.0
 
     def run(self) -> None:
@@ -139,9 +139,15 @@ class SchedulerLoop:
         now = time.time()
         if not force and now - self.last_stats_time < STATS_INTERVAL_S:
             return
-        stats = self.engine.stats()
-        if stats == self.last_stats:
+        update = messages.StatsUpdate(
+            time=now, stats=self.engine.stats(), num_preemptions=self.engine.num_preemptions
+        )
+        last = self.last_stats
+        if last is not None and (last.stats, last.num_preemptions) == (
+            update.stats,
+            update.num_preemptions,
+        ):
             return
-        self.last_stats = stats
+        self.last_stats = update
         self.last_stats_time = now
-        self.to_frontend.send(messages.encode(messages.StatsUpdate(time=now, stats=stats)))
+        self.to_frontend.send(messages.encode(update))

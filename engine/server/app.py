@@ -18,6 +18,8 @@ from engine.server.context import ClientGone, ServerContext
 from engine.server.errors import APIError, error_body, error_response
 from engine.server.frontend import Frontend
 from engine.server.metrics import ServerMetrics
+from engine.server.protocol import REQUEST_BODIES
+from engine.server.schema import install_openapi
 
 log = logging.getLogger(__name__)
 CLIENT_CLOSED = 499
@@ -40,6 +42,7 @@ def create_app(cfg: ServeConfig, health: Callable[[], str | None]) -> FastAPI:
     app.state.ctx = ServerContext(cfg=cfg, frontend=frontend, metrics=metrics, health=health)
     app.include_router(openai_api.router)
     app.include_router(native.router)
+    install_openapi(app, REQUEST_BODIES)
 
     @app.exception_handler(APIError)
     async def on_api_error(request: Request, exc: APIError) -> Response:

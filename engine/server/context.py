@@ -1,4 +1,4 @@
-"""What every route needs: the config, the pipeline, the metrics and the health of the children."""
+"""What every route needs: the config, the pipeline, the metrics and the health of the server."""
 
 from __future__ import annotations
 
@@ -22,6 +22,7 @@ from engine.server.sse import SSEResponse
 
 T = TypeVar("T")
 DISCONNECT_POLL_S = 0.5
+UNHEALTHY_RETRY_AFTER_S = 5
 
 
 class ClientGone(Exception):
@@ -30,11 +31,14 @@ class ClientGone(Exception):
 
 @dataclass
 class ServerContext:
+    """``health()`` names the dead child, if any; ``draining`` is set by SIGTERM."""
+
     cfg: ServeConfig
     frontend: Frontend
     metrics: ServerMetrics
     health: Callable[[], str | None]
     started: float = field(default_factory=time.time)
+    draining: bool = False
 
     def authorize(self, request: Request) -> None:
         """401 unless the server has no API key or the request bears it."""
@@ -56,18 +60,34 @@ class ServerContext:
             code="model_not_found",
         )
 
+    def unhealthy(self) -> str | None:
+        """Why the server takes no new requests (a dead child, or draining), or None."""
+        dead = self.health()
+        if dead is not None:
+            return dead
+        return "draining for shutdown" if self.draining else None
+
     def check_healthy(self) -> None:
-        reason = self.health()
+        """503 with ``Retry-After`` while the server is shutting down."""
+        reason = self.unhealthy()
         if reason is not None:
-            raise APIError(f"the server is shutting down: {reason}", status=503)
+            self.metrics.on_rejected("shutting_down")
+            raise APIError(
+                f"the server is shutting down: {reason}",
+                status=503,
+                code="shutting_down",
+                retry_after=UNHEALTHY_RETRY_AFTER_S,
+            )
 
 
 async def admit(request: Request, body_type: type[B]) -> tuple[ServerContext, B]:
-    """The server's context and the parsed body of an authorized request to a healthy server."""
+    """The server's context and the parsed body of an authorized request the server can take."""
     ctx: ServerContext = request.app.state.ctx
     ctx.authorize(request)
     ctx.check_healthy()
-    return ctx, parse_body(await request.body(), body_type)
+    body = parse_body(await request.body(), body_type)
+    ctx.frontend.admit()
+    return ctx, body
 
 
 async def respond(
@@ -100,7 +120,9 @@ async def await_or_abort(request: Request, stream: RequestStream, work: Awaitabl
                 try:
                     return task.result()
                 except RequestError as exc:
-                    raise APIError(exc.message, status=exc.status, param=exc.param) from None
+                    raise APIError(
+                        exc.message, status=exc.status, param=exc.param, code=exc.code
+                    ) from None
             if await request.is_disconnected():
                 raise ClientGone(stream.rid)
     except BaseException:

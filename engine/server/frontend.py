@@ -4,6 +4,13 @@ One ``Frontend`` per server process. ``submit`` sends a request to a tokenizer
 worker (round-robin) and returns a ``RequestStream``; a background task reads
 ``TextBatch`` messages and puts each item on the queue of its rid. Aborts go
 to the worker that got the request, so they arrive after it.
+
+Admission: a request is *queued* from ``submit`` until its first output item
+arrives (it is being tokenized, waits in the scheduler, or is in prefill).
+With ``max_queued`` set, ``admit`` refuses a new request (429, ``Retry-After``)
+while that many are queued. With ``request_timeout`` set, a request that has
+not finished that many seconds after it was received is aborted and fails
+with 504.
 """
 
 from __future__ import annotations
@@ -12,26 +19,34 @@ import asyncio
 import contextlib
 import itertools
 import logging
+import math
 import time
+from collections import deque
 
 import zmq
 import zmq.asyncio
 
 from engine import messages
 from engine.launch.config import ServeConfig
+from engine.server.errors import APIError
 from engine.server.metrics import ServerMetrics
 
 log = logging.getLogger(__name__)
+RETRY_AFTER_MAX_S = 60
+FINISH_WINDOW = 64  # recent finishes that estimate the completion rate for Retry-After
 
 
 class RequestError(Exception):
-    """A request the pipeline rejected; ``status`` is the HTTP status to answer with."""
+    """A request the pipeline rejected or could not finish; ``status`` is the HTTP status."""
 
-    def __init__(self, message: str, status: int = 400, param: str | None = None) -> None:
+    def __init__(
+        self, message: str, status: int = 400, param: str | None = None, code: str | None = None
+    ) -> None:
         super().__init__(message)
         self.message = message
         self.status = status
         self.param = param
+        self.code = code
 
 
 class RequestResult(messages.RequestOutput, kw_only=True):
@@ -39,11 +54,18 @@ class RequestResult(messages.RequestOutput, kw_only=True):
 
     received: float
     text: str = ""
+    pieces: dict[int, bytes] = {}
+    prompt_text: str | None = None
 
     def add(self, item: messages.TextItem) -> None:
         self.text += item.text
         self.token_ids.extend(item.token_ids)
         self.token_times.extend(item.token_times)
+        self.logprobs.extend(item.logprobs)
+        self.pieces.update(item.pieces)
+        if item.prompt_logprobs is not None:
+            self.prompt_logprobs = item.prompt_logprobs
+            self.prompt_text = item.prompt_text
         if item.prompt_tokens:
             self.prompt_tokens = item.prompt_tokens
             self.cached_tokens = item.cached_tokens
@@ -75,17 +97,36 @@ class RequestResult(messages.RequestOutput, kw_only=True):
 class RequestStream:
     """The outputs of one request, in order; closing it early aborts the request."""
 
-    def __init__(self, frontend: Frontend, rid: str, received: float) -> None:
+    def __init__(
+        self, frontend: Frontend, rid: str, received: float, timeout: float | None
+    ) -> None:
         self.frontend = frontend
         self.rid = rid
         self.queue: asyncio.Queue[messages.TextItem] = asyncio.Queue()
         self.result = RequestResult(rid=rid, received=received)
         self.done = False
+        self.started = False  # an output item arrived: the request no longer counts as queued
         self.last_token_time: float | None = None  # for ITL, as items arrive
+        self.timeout = timeout
+        self.deadline = None if timeout is None else time.monotonic() + timeout
 
     async def next(self) -> messages.TextItem:
-        """The next item; raises ``RequestError`` if the pipeline rejected the request."""
-        item = await self.queue.get()
+        """The next item; raises ``RequestError`` if the request failed or timed out."""
+        if self.deadline is None:
+            item = await self.queue.get()
+        else:
+            try:
+                item = await asyncio.wait_for(
+                    self.queue.get(), max(0.0, self.deadline - time.monotonic())
+                )
+            except TimeoutError:
+                self.close("request timeout")
+                self.frontend.metrics.on_timeout()
+                raise RequestError(
+                    f"the request did not finish within {self.timeout:g} s (--request-timeout)",
+                    504,
+                    code="timeout",
+                ) from None
         if item.error is not None:
             self.done = True
             self.frontend.forget(self.rid)
@@ -94,6 +135,7 @@ class RequestStream:
         if item.finish_reason is not None:
             self.done = True
             self.frontend.forget(self.rid)
+            self.frontend.metrics.on_finished(self.result.received, self.result)
         return item
 
     async def collect(self) -> RequestResult:
@@ -102,26 +144,30 @@ class RequestStream:
             await self.next()
         return self.result
 
-    def close(self) -> None:
+    def close(self, reason: str = "client disconnected") -> None:
         """Abort the request unless it already finished (idempotent)."""
         if not self.done:
             self.done = True
-            self.frontend.abort(self.rid)
+            self.frontend.abort(self.rid, reason)
 
 
 class Frontend:
+    """The pipeline as the routes see it: admit, submit, abort, and fail everything at shutdown."""
+
     def __init__(self, cfg: ServeConfig, metrics: ServerMetrics) -> None:
         self.cfg = cfg
         self.metrics = metrics
         self.streams: dict[str, RequestStream] = {}
         self.worker_of: dict[str, int] = {}
         self.stats: messages.StatsUpdate | None = None
+        self.finish_times: deque[float] = deque(maxlen=FINISH_WINDOW)
         self._next_worker = itertools.cycle(range(cfg.num_tokenizers))
         self._ctx = zmq.Context()
         self._actx = zmq.asyncio.Context()
         self._to_tokenizers: list[zmq.Socket[bytes]] = []
         self._inbox: zmq.asyncio.Socket | None = None
         self._task: asyncio.Task[None] | None = None
+        metrics.track_open(lambda: len(self.streams))
 
     async def start(self) -> None:
         for i in range(self.cfg.num_tokenizers):
@@ -147,36 +193,77 @@ class Frontend:
         self._ctx.term()
         self._actx.term()
 
+    def num_queued(self) -> int:
+        """Requests submitted that have not produced their first output yet."""
+        return sum(1 for s in self.streams.values() if not s.started)
+
+    def retry_after(self, waiting: int) -> int:
+        """Seconds until ``waiting`` requests have likely finished, from the recent finish rate."""
+        times = self.finish_times
+        if len(times) < 2 or times[-1] <= times[0]:
+            return 1
+        rate = (len(times) - 1) / (times[-1] - times[0])
+        return max(1, min(RETRY_AFTER_MAX_S, math.ceil(waiting / rate)))
+
+    def admit(self) -> None:
+        """Raise 429 (with ``Retry-After``) when ``max_queued`` requests are already queued."""
+        limit = self.cfg.max_queued
+        if limit is None:
+            return
+        queued = self.num_queued()
+        if queued >= limit:
+            self.metrics.on_rejected("queue_full")
+            raise APIError(
+                f"the server is overloaded: {queued} requests are queued (--max-queued {limit})",
+                status=429,
+                code="queue_full",
+                retry_after=self.retry_after(queued),
+            )
+
     def submit(self, req: messages.GenerateRequest) -> RequestStream:
         """Send ``req`` into the pipeline; its outputs arrive on the returned stream."""
-        stream = RequestStream(self, req.rid, req.received)
-        self.streams[req.rid] = stream
         worker = next(self._next_worker)
+        try:
+            self._to_tokenizers[worker].send(messages.encode(req), zmq.NOBLOCK)
+        except zmq.Again:
+            self.metrics.on_rejected("pipeline_full")
+            raise APIError(
+                f"tokenizer {worker} is not keeping up; retry later",
+                status=503,
+                code="pipeline_full",
+                retry_after=1,
+            ) from None
+        stream = RequestStream(self, req.rid, req.received, self.cfg.request_timeout)
+        self.streams[req.rid] = stream
         self.worker_of[req.rid] = worker
-        self._to_tokenizers[worker].send(messages.encode(req))
         log.debug("rid %s sent to tokenizer %d", req.rid, worker)
         return stream
 
-    def abort(self, rid: str) -> None:
+    def abort(self, rid: str, reason: str = "client disconnected") -> None:
         worker = self.worker_of.get(rid)
         self.forget(rid)
         if worker is None:
             return
-        log.info("rid %s aborted by the client", rid)
-        self.metrics.on_aborted()
-        self._to_tokenizers[worker].send(messages.encode(messages.AbortRequest(rid=rid)))
+        log.info("rid %s aborted: %s", rid, reason)
+        if reason == "client disconnected":
+            self.metrics.on_aborted()
+        self._send_abort(worker, messages.AbortRequest(rid=rid, reason=reason))
 
-    def end_all(self, reason: str = "abort") -> None:
-        """Finish every open request now (server shutdown) and abort it in the scheduler."""
+    def _send_abort(self, worker: int, msg: messages.AbortRequest) -> None:
+        """Best effort: a tokenizer that is gone or stuck does not block the frontend."""
+        with contextlib.suppress(zmq.Again):
+            self._to_tokenizers[worker].send(messages.encode(msg), zmq.NOBLOCK)
+
+    def end_all(self, reason: str) -> None:
+        """Fail every open request with 503 ``reason`` (the server is stopping); abort each."""
         for rid, stream in list(self.streams.items()):
-            stream.queue.put_nowait(messages.TextItem(rid=rid, text="", finish_reason=reason))
+            item = messages.TextItem(rid=rid, text="", error=reason, error_status=503)
+            stream.queue.put_nowait(item)
             worker = self.worker_of.get(rid)
             if worker is not None:
-                self._to_tokenizers[worker].send(
-                    messages.encode(messages.AbortRequest(rid=rid, reason="server shutdown"))
-                )
+                self._send_abort(worker, messages.AbortRequest(rid=rid, reason="server shutdown"))
         if self.streams:
-            log.info("ended %d open requests for shutdown", len(self.streams))
+            log.info("failed %d open requests: %s", len(self.streams), reason)
 
     def forget(self, rid: str) -> None:
         self.streams.pop(rid, None)
@@ -187,8 +274,11 @@ class Frontend:
             msg = messages.try_decode(await inbox.recv())
             if isinstance(msg, messages.TextBatch):
                 for item in msg.items:
+                    if item.finish_reason is not None or item.error is not None:
+                        self.finish_times.append(time.monotonic())
                     stream = self.streams.get(item.rid)
                     if stream is not None:
+                        stream.started = True
                         stream.last_token_time = self.metrics.on_item(
                             stream.result.received, stream.last_token_time, item
                         )

@@ -1,9 +1,10 @@
-"""Prometheus metrics of one server: the core's counters and per-request latencies.
+"""Prometheus metrics of one server, named as vLLM names them (``vllm:X`` is ``engine_X``).
 
-Gauges mirror the scheduler's ``StatsUpdate``; histograms are observed from
-the stage timestamps the pipeline carries (TTFT = first token - received,
-ITL = gap between consecutive tokens, queue = first scheduled - received,
-E2E = finished - received).
+Gauges and the prefix-cache counters mirror the scheduler's ``StatsUpdate``;
+the other counters and the histograms are observed by the frontend from the
+stage timestamps the pipeline carries (TTFT = first token - received, ITL =
+gap between consecutive tokens, queue time = first scheduled - received, E2E
+= finished - received). Every series has the label ``model_name``.
 """
 
 from __future__ import annotations
@@ -20,12 +21,17 @@ LATENCY_BUCKETS = (
     0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.5, 0.75,
     1.0, 1.5, 2.0, 3.0, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0,
 )  # fmt: skip
-
+TOKEN_BUCKETS = (1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000, 5000, 10000, 20000, 50000)
 
 # the gauges that mirror the scheduler core's counters: name, help, value
 STATS_GAUGES: tuple[tuple[str, str, Callable[[SchedulerStats], float]], ...] = (
-    ("engine_num_running_requests", "Requests holding KV", lambda s: s.num_running),
-    ("engine_num_waiting_requests", "Requests queued", lambda s: s.num_waiting),
+    ("engine_num_requests_running", "Requests holding KV pages", lambda s: s.num_running),
+    ("engine_num_requests_waiting", "Requests queued in the scheduler", lambda s: s.num_waiting),
+    (
+        "engine_kv_cache_usage_perc",
+        "Fraction of KV pages held by requests (1 = full; evictable cache pages count as free)",
+        lambda s: s.pages_held / s.num_pages if s.num_pages else 0.0,
+    ),
     ("engine_kv_pages_total", "KV pages in the pool", lambda s: s.num_pages),
     ("engine_kv_pages_used", "KV pages allocated (held or cached)", lambda s: s.pages_used),
     ("engine_kv_pages_cached", "Evictable pages in the prefix cache", lambda s: s.pages_cached),
@@ -45,30 +51,48 @@ class ServerMetrics:
         self.stats_gauges = [
             (self._metric(Gauge, name, help_), value) for name, help_, value in STATS_GAUGES
         ]
-        self.prompt_tokens = self._metric(
-            Counter, "engine_prompt_tokens", "Prompt tokens of started requests"
+        counter = self._counter
+        self.prefix_queries = counter(
+            "prefix_cache_queries", "Prompt tokens looked up in the cache"
         )
-        self.generation_tokens = self._metric(
-            Counter, "engine_generation_tokens", "Generated tokens"
-        )
-        self.aborted = self._metric(
-            Counter, "engine_requests_aborted", "Requests aborted by clients"
-        )
-        self.finished = Counter(
-            "engine_requests_finished",
-            "Finished requests",
-            ["model", "reason"],
-            registry=self.registry,
+        self.prefix_hits = counter("prefix_cache_hits", "Prompt tokens found in the prefix cache")
+        self.preemptions = counter("num_preemptions", "Requests preempted (KV pages ran out)")
+        self.prompt_tokens = counter("prompt_tokens", "Prompt tokens of started requests")
+        self.generation_tokens = counter("generation_tokens", "Generated tokens")
+        self.aborted = counter("requests_aborted", "Requests aborted by clients")
+        self.timed_out = counter("requests_timed_out", "Requests past --request-timeout")
+        self.success = self._labelled("request_success", "Finished requests", "finished_reason")
+        self.rejected = self._labelled("requests_rejected", "Requests refused (503/429)", "reason")
+        self.open_requests = self._metric(
+            Gauge, "engine_num_requests_open", "Requests the frontend holds a connection for"
         )
         self.ttft = self._latency("engine_time_to_first_token_seconds", "TTFT")
         self.itl = self._latency("engine_inter_token_latency_seconds", "ITL")
-        self.queue = self._latency("engine_queue_time_seconds", "First scheduled - received")
+        self.queue = self._latency(
+            "engine_request_queue_time_seconds", "First scheduled - received"
+        )
         self.e2e = self._latency("engine_e2e_request_latency_seconds", "E2E")
+        self.prompt_len = self._metric(
+            Histogram, "engine_request_prompt_tokens", "Prompt tokens", buckets=TOKEN_BUCKETS
+        )
+        self.output_len = self._metric(
+            Histogram,
+            "engine_request_generation_tokens",
+            "Generated tokens of finished requests",
+            buckets=TOKEN_BUCKETS,
+        )
+        self._last_stats: messages.StatsUpdate | None = None
 
     def _metric(self, kind: type[M], name: str, help_: str, **kwargs: Any) -> M:
         """A new metric of ``kind``; the returned child is the one of this server's model."""
-        metric = kind(name, help_, ["model"], registry=self.registry, **kwargs)
+        metric = kind(name, help_, ["model_name"], registry=self.registry, **kwargs)
         return metric.labels(self.model)
+
+    def _counter(self, name: str, help_: str) -> Counter:
+        return self._metric(Counter, f"engine_{name}", help_)
+
+    def _labelled(self, name: str, help_: str, label: str) -> Counter:
+        return Counter(f"engine_{name}", help_, ["model_name", label], registry=self.registry)
 
     def _latency(self, name: str, help_: str) -> Histogram:
         return self._metric(Histogram, name, help_, buckets=LATENCY_BUCKETS)
@@ -79,6 +103,7 @@ class ServerMetrics:
         """Observe one output item; returns the time of the request's latest token."""
         if item.prompt_tokens:
             self.prompt_tokens.inc(item.prompt_tokens)
+            self.prompt_len.observe(item.prompt_tokens)
         if item.first_scheduled is not None:
             self.queue.observe(max(0.0, item.first_scheduled - received))
         if item.token_ids:
@@ -89,18 +114,39 @@ class ServerMetrics:
             else:
                 self.itl.observe(max(0.0, t - last_token_time))
             last_token_time = t
-        if item.finish_reason is not None and item.error is None:
-            self.finished.labels(self.model, item.finish_reason).inc()
-            end = item.finished or last_token_time or received
-            self.e2e.observe(max(0.0, end - received))
         return last_token_time
+
+    def on_finished(self, received: float, result: messages.RequestOutput) -> None:
+        """Observe a request that finished (not one that failed)."""
+        if result.finish_reason is None:
+            return
+        self.success.labels(self.model, result.finish_reason).inc()
+        self.output_len.observe(len(result.token_ids))
+        end = result.finished or (result.token_times[-1] if result.token_times else received)
+        self.e2e.observe(max(0.0, end - received))
 
     def on_aborted(self) -> None:
         self.aborted.inc()
 
+    def on_timeout(self) -> None:
+        self.timed_out.inc()
+
+    def on_rejected(self, reason: str) -> None:
+        self.rejected.labels(self.model, reason).inc()
+
     def on_stats(self, update: messages.StatsUpdate) -> None:
+        stats = update.stats
         for gauge, value in self.stats_gauges:
-            gauge.set(value(update.stats))
+            gauge.set(value(stats))
+        last = self._last_stats
+        self.prefix_queries.inc(stats.prompt_tokens - (last.stats.prompt_tokens if last else 0))
+        self.prefix_hits.inc(stats.cached_tokens - (last.stats.cached_tokens if last else 0))
+        self.preemptions.inc(update.num_preemptions - (last.num_preemptions if last else 0))
+        self._last_stats = update
+
+    def track_open(self, count: Callable[[], int]) -> None:
+        """Report ``count()`` as the number of open requests at each scrape."""
+        self.open_requests.set_function(count)
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

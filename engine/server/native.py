@@ -14,8 +14,10 @@ from engine import messages
 from engine.server.context import ServerContext, admit, respond
 from engine.server.errors import APIError, error_body
 from engine.server.frontend import RequestError, RequestResult, RequestStream
-from engine.server.protocol import GenerateBody, native_sampling_params
+from engine.server.protocol import GenerateBody
+from engine.server.schema import request_body
 from engine.server.sse import DONE, sse_event
+from engine.server.translate import native_sampling_params
 
 router = APIRouter()
 
@@ -33,14 +35,14 @@ async def generate_events(stream: RequestStream, first: messages.TextItem) -> As
             try:
                 item = await stream.next()
             except RequestError as exc:
-                yield sse_event(error_body(exc.message, exc.status))
+                yield sse_event(error_body(exc.message, exc.status, code=exc.code))
                 break
         yield DONE
     finally:
         stream.close()
 
 
-@router.post("/generate")
+@router.post("/generate", openapi_extra=request_body(GenerateBody))
 async def generate(request: Request) -> Response:
     """Text or token ids in; text, token ids and per-stage timestamps (``meta_info``) out."""
     ctx, body = await admit(request, GenerateBody)
@@ -51,7 +53,7 @@ async def generate(request: Request) -> Response:
         text=body.text,
         input_ids=body.input_ids,
         priority=body.priority,
-        max_tokens_explicit="max_new_tokens" in body.sampling_params,
+        max_tokens_explicit=body.sampling_params.max_new_tokens is not None,
     )
     return await respond(request, ctx, req, body.stream, generate_events, final_body)
 
@@ -63,9 +65,10 @@ def final_body(result: RequestResult) -> dict[str, Any]:
 @router.get("/health")
 async def health(request: Request) -> Response:
     ctx: ServerContext = request.app.state.ctx
-    reason = ctx.health()
+    reason = ctx.unhealthy()
     if reason is not None:
-        return JSONResponse({"status": "unhealthy", "reason": reason}, status_code=503)
+        status = "draining" if ctx.draining and ctx.health() is None else "unhealthy"
+        return JSONResponse({"status": status, "reason": reason}, status_code=503)
     return JSONResponse({"status": "ok"})
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import AsyncIterator
 from typing import Any
@@ -11,20 +12,23 @@ from fastapi.responses import JSONResponse, Response
 from starlette.requests import Request
 
 from engine import messages
+from engine.sampling.logprobs import TokenLogprob
 from engine.server.context import ServerContext, admit, respond
-from engine.server.errors import APIError, error_body
+from engine.server.errors import error_body
 from engine.server.frontend import RequestError, RequestResult, RequestStream
-from engine.server.protocol import (
+from engine.server.logprob_format import chat_logprobs, completion_logprobs
+from engine.server.protocol import ChatCompletionRequest, CompletionRequest, SamplingFields
+from engine.server.schema import request_body
+from engine.server.sse import DONE, sse_event
+from engine.server.translate import (
     DEFAULT_COMPLETION_TOKENS,
-    ChatCompletionRequest,
-    CompletionRequest,
-    SamplingFields,
+    chat_logprobs_wanted,
     chat_messages,
     completion_prompt,
     sampling_params,
 )
-from engine.server.sse import DONE, sse_event
 
+log = logging.getLogger(__name__)
 router = APIRouter()
 
 
@@ -39,13 +43,19 @@ def usage(result: RequestResult) -> dict[str, Any]:
 
 
 class Shape:
-    """How one endpoint's responses look: chat (``delta``/``message``) or text (``text``)."""
+    """How one request's responses look: chat (``delta``/``message``) or text (``text``),
+    with or without log-probs, and (text only) with the prompt echoed first."""
 
-    def __init__(self, chat: bool, rid: str, model: str) -> None:
+    def __init__(
+        self, chat: bool, rid: str, model: str, logprobs: bool, echo: str | None = None
+    ) -> None:
         self.chat = chat
         self.id = f"chatcmpl-{rid}" if chat else f"cmpl-{rid}"
         self.model = model
         self.created = int(time.time())
+        self.logprobs = logprobs
+        self.echo = echo  # the prompt's text, "" to take it from the pipeline; None: no echo
+        self.offset = 0  # characters of text streamed so far (completions' text_offset)
 
     def envelope(self, obj: str, choices: list[dict[str, Any]]) -> dict[str, Any]:
         return {
@@ -56,30 +66,61 @@ class Shape:
             "choices": choices,
         }
 
-    def chunk(self, text: str | None, finish: str | None, role: bool = False) -> dict[str, Any]:
-        choice: dict[str, Any] = {"index": 0, "logprobs": None, "finish_reason": finish}
+    def _logprobs(
+        self, entries: list[TokenLogprob], pieces: dict[int, bytes]
+    ) -> dict[str, Any] | None:
+        if not self.logprobs:
+            return None
         if self.chat:
-            delta: dict[str, Any] = {}
-            if role:
-                delta["role"] = "assistant"
-            if text is not None:
-                delta["content"] = text
-            choice["delta"] = delta
+            return chat_logprobs(entries, pieces)
+        body, self.offset = completion_logprobs(entries, pieces, self.offset)
+        return body
+
+    def echo_text(self, result: RequestResult) -> str:
+        return self.echo or result.prompt_text or ""
+
+    def chunk(
+        self, text: str | None, finish: str | None, item: messages.TextItem | None = None
+    ) -> dict[str, Any]:
+        logprobs = self._logprobs(item.logprobs, item.pieces) if item is not None else None
+        choice: dict[str, Any] = {"index": 0, "logprobs": logprobs, "finish_reason": finish}
+        if self.chat:
+            choice["delta"] = {} if text is None else {"content": text}
             return self.envelope("chat.completion.chunk", [choice])
         choice["text"] = text or ""
         return self.envelope("text_completion", [choice])
 
+    def role_chunk(self) -> dict[str, Any]:
+        delta = {"role": "assistant", "content": ""}
+        choice = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": None}
+        return self.envelope("chat.completion.chunk", [choice])
+
+    def echo_chunk(self, result: RequestResult) -> dict[str, Any]:
+        entries = result.prompt_logprobs or []
+        choice = {
+            "index": 0,
+            "text": self.echo_text(result),
+            "logprobs": self._logprobs(entries, result.pieces),
+            "finish_reason": None,
+        }
+        return self.envelope("text_completion", [choice])
+
     def final(self, result: RequestResult) -> dict[str, Any]:
+        entries = result.logprobs
+        text = result.text
+        if self.echo is not None:
+            entries = (result.prompt_logprobs or []) + entries
+            text = self.echo_text(result) + text
         choice: dict[str, Any] = {
             "index": 0,
-            "logprobs": None,
+            "logprobs": self._logprobs(entries, result.pieces),
             "finish_reason": result.finish_reason,
         }
         if self.chat:
-            choice["message"] = {"role": "assistant", "content": result.text}
+            choice["message"] = {"role": "assistant", "content": text}
             body = self.envelope("chat.completion", [choice])
         else:
-            choice["text"] = result.text
+            choice["text"] = text
             body = self.envelope("text_completion", [choice])
         body["usage"] = usage(result)
         return body
@@ -94,21 +135,27 @@ class Shape:
 async def stream_events(
     shape: Shape, stream: RequestStream, first: messages.TextItem, include_usage: bool
 ) -> AsyncIterator[bytes]:
-    """SSE chunks of one request; leaving early (a disconnect) aborts it."""
+    """SSE chunks of one request; leaving early (a disconnect) aborts it.
+
+    A request that fails after its stream started (a timeout, a dead child, the
+    server stopping) ends with an ``{"error": ...}`` event, then ``[DONE]``.
+    """
     try:
         if shape.chat:
-            yield sse_event(shape.chunk("", None, role=True))
+            yield sse_event(shape.role_chunk())
+        elif shape.echo is not None:
+            yield sse_event(shape.echo_chunk(stream.result))
         item = first
         while True:
-            if item.text:
-                yield sse_event(shape.chunk(item.text, None))
+            if item.text or (shape.logprobs and item.logprobs):
+                yield sse_event(shape.chunk(item.text, None, item))
             if item.finish_reason is not None:
                 yield sse_event(shape.chunk(None if shape.chat else "", item.finish_reason))
                 break
             try:
                 item = await stream.next()
             except RequestError as exc:
-                yield sse_event(error_body(exc.message, exc.status))
+                yield sse_event(error_body(exc.message, exc.status, code=exc.code))
                 break
         if include_usage:
             yield sse_event(shape.usage_chunk(stream.result))
@@ -121,12 +168,15 @@ async def answer(
     request: Request,
     ctx: ServerContext,
     body: SamplingFields,
-    chat: bool,
+    shape: Shape,
     req: messages.GenerateRequest,
 ) -> Response:
-    """Answer ``req`` as a chat or a text completion, streamed if ``body`` asks for it."""
-    shape = Shape(chat, req.rid, ctx.cfg.model)
-    include_usage = body.include_usage()
+    """Answer ``req`` in ``shape``, streamed if ``body`` asks for it."""
+    include_usage = bool(body.stream_options and body.stream_options.include_usage)
+    for field in ("user", "safety_identifier", "prompt_cache_key"):
+        value = getattr(body, field, None)
+        if value is not None:
+            log.info("rid %s: %s %r", req.rid, field, value)
 
     def events(stream: RequestStream, first: messages.TextItem) -> AsyncIterator[bytes]:
         return stream_events(shape, stream, first, include_usage)
@@ -134,7 +184,7 @@ async def answer(
     return await respond(request, ctx, req, body.stream, events, shape.final)
 
 
-@router.post("/v1/chat/completions")
+@router.post("/v1/chat/completions", openapi_extra=request_body(ChatCompletionRequest))
 async def chat_completions(request: Request) -> Response:
     ctx, body = await admit(request, ChatCompletionRequest)
     ctx.check_model(body.model)
@@ -143,31 +193,40 @@ async def chat_completions(request: Request) -> Response:
     if max_tokens is None:
         max_tokens = body.max_tokens
     limit = ctx.cfg.max_model_len
+    logprobs = chat_logprobs_wanted(body)
     req = messages.GenerateRequest(
-        sampling=sampling_params(body, limit if max_tokens is None else max_tokens, limit),
+        sampling=sampling_params(
+            body, limit if max_tokens is None else max_tokens, limit, logprobs=logprobs
+        ),
         messages=chat,
         priority=body.priority,
         max_tokens_explicit=max_tokens is not None,
     )
-    return await answer(request, ctx, body, True, req)
+    shape = Shape(True, req.rid, ctx.cfg.model, logprobs is not None)
+    return await answer(request, ctx, body, shape, req)
 
 
-@router.post("/v1/completions")
+@router.post("/v1/completions", openapi_extra=request_body(CompletionRequest))
 async def completions(request: Request) -> Response:
     ctx, body = await admit(request, CompletionRequest)
     ctx.check_model(body.model)
-    if body.echo:
-        raise APIError("echo is not supported", param="echo")
     text, ids = completion_prompt(body)
     max_tokens = body.max_tokens if body.max_tokens is not None else DEFAULT_COMPLETION_TOKENS
+    prompt_logprobs = None
+    if body.echo and (body.logprobs is not None or text is None):
+        prompt_logprobs = body.logprobs or 0  # also how a prompt of token ids is decoded
     req = messages.GenerateRequest(
-        sampling=sampling_params(body, max_tokens, ctx.cfg.max_model_len),
+        sampling=sampling_params(
+            body, max_tokens, ctx.cfg.max_model_len, body.logprobs, prompt_logprobs
+        ),
         text=text,
         input_ids=ids,
         priority=body.priority,
         max_tokens_explicit=body.max_tokens is not None,
     )
-    return await answer(request, ctx, body, False, req)
+    echo = (text or "") if body.echo else None
+    shape = Shape(False, req.rid, ctx.cfg.model, body.logprobs is not None, echo)
+    return await answer(request, ctx, body, shape, req)
 
 
 @router.get("/v1/models")

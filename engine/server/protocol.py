@@ -1,99 +1,154 @@
-"""Request bodies of the HTTP API and their translation into pipeline messages.
+"""Request bodies of the HTTP API: every field the OpenAI API defines, with its range.
 
-Bodies are parsed by hand (JSON, then pydantic) so that every malformed
-request gets an OpenAI-style 400 naming the offending field.
+The models forbid unknown fields and bound every number, so the OpenAPI schema
+(``/openapi.json``) says exactly what the server accepts. Bodies are parsed by
+hand (JSON, then pydantic) so that a malformed request gets an OpenAI-style
+400 naming the offending field, whatever its content type. Fields this server
+does not implement are declared too: ``engine.server.translate`` refuses any
+value of theirs but the neutral one, naming the field.
 """
 
 from __future__ import annotations
 
 import json
-from typing import Any, Literal, TypeVar
+from typing import Annotated, Any, Literal, TypeVar
 
-import msgspec
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from engine.messages import ChatMessage
-from engine.sampling.params import SamplingParams
+from engine.sampling.params import MAX_LOGPROBS
 from engine.server.errors import APIError
 
-DEFAULT_COMPLETION_TOKENS = 16
+INT64_MAX = 2**63 - 1
+TOKEN_ID_MAX = 2**31 - 1
+
+TokenId = Annotated[int, Field(ge=0, le=TOKEN_ID_MAX)]
+StopString = Annotated[str, Field(min_length=1)]
+Priority = Annotated[int, Field(ge=-(2**31), le=2**31 - 1)]
 
 
 class Body(BaseModel):
-    model_config = ConfigDict(extra="ignore")
+    model_config = ConfigDict(extra="forbid")
 
 
 class StreamOptions(Body):
-    include_usage: bool = False
+    include_usage: bool | None = None
+    include_obfuscation: bool | None = None
 
 
-class ContentPart(Body):
-    type: str
+class ResponseFormat(Body):
+    type: Literal["text", "json_object", "json_schema"]
+    json_schema: dict[str, Any] | None = None
+
+
+class ContentPart(BaseModel):
+    """A part of a message's content; only ``text`` parts are served (others are refused)."""
+
+    model_config = ConfigDict(extra="allow")
+
+    type: Literal["text", "image_url", "input_audio", "file", "refusal"]
     text: str | None = None
 
 
 class ChatMessageIn(Body):
-    role: Literal["system", "user", "assistant", "tool", "developer"]
+    role: Literal["system", "developer", "user", "assistant", "tool", "function"]
     content: str | list[ContentPart] | None = None
-
-    def text(self) -> str:
-        if self.content is None:
-            return ""
-        if isinstance(self.content, str):
-            return self.content
-        parts = []
-        for part in self.content:
-            if part.type != "text" or part.text is None:
-                raise APIError(
-                    f"content parts of type {part.type!r} are not supported", param="messages"
-                )
-            parts.append(part.text)
-        return "".join(parts)
+    name: str | None = None
+    refusal: str | None = None
+    tool_calls: list[dict[str, Any]] | None = None
+    tool_call_id: str | None = None
+    function_call: dict[str, Any] | None = None
+    audio: dict[str, Any] | None = None
 
 
 class SamplingFields(Body):
-    """Fields shared by chat and text completions (OpenAI names plus a few extras)."""
+    """Fields shared by chat and text completions: OpenAI's names plus vLLM's common extras
+    (``top_k``, ``stop_token_ids``, ``ignore_eos``, ``priority``)."""
 
     model: str | None = None
-    max_tokens: int | None = None
-    temperature: float | None = None
-    top_p: float | None = None
-    top_k: int | None = None
-    seed: int | None = None
-    stop: str | list[str] | None = None
-    stop_token_ids: list[int] | None = None
+    max_tokens: Annotated[int, Field(ge=1)] | None = None
+    temperature: Annotated[float, Field(ge=0.0, le=2.0)] | None = None
+    top_p: Annotated[float, Field(gt=0.0, le=1.0)] | None = None
+    top_k: Annotated[int, Field(ge=-1, le=TOKEN_ID_MAX)] | None = None
+    seed: Annotated[int, Field(ge=0, le=INT64_MAX)] | None = None
+    stop: StopString | list[StopString] | None = None
+    stop_token_ids: list[TokenId] | None = None
     ignore_eos: bool = False
-    n: int = 1
+    n: Annotated[int, Field(ge=1, le=128)] = 1
     stream: bool = False
     stream_options: StreamOptions | None = None
-    priority: int = 0
+    priority: Priority = 0
     user: str | None = None
-
-    def include_usage(self) -> bool:
-        return bool(self.stream_options and self.stream_options.include_usage)
+    frequency_penalty: Annotated[float, Field(ge=-2.0, le=2.0)] | None = None
+    presence_penalty: Annotated[float, Field(ge=-2.0, le=2.0)] | None = None
+    logit_bias: dict[str, Annotated[float, Field(ge=-100.0, le=100.0)]] | None = None
 
 
 class ChatCompletionRequest(SamplingFields):
-    messages: list[ChatMessageIn]
-    max_completion_tokens: int | None = None
+    messages: Annotated[list[ChatMessageIn], Field(min_length=1)]
+    max_completion_tokens: Annotated[int, Field(ge=1)] | None = None
+    logprobs: bool | None = None
+    top_logprobs: Annotated[int, Field(ge=0, le=MAX_LOGPROBS)] | None = None
+    response_format: ResponseFormat | None = None
+    tools: list[dict[str, Any]] | None = None
+    tool_choice: str | dict[str, Any] | None = None
+    parallel_tool_calls: bool | None = None
+    functions: list[dict[str, Any]] | None = None
+    function_call: str | dict[str, Any] | None = None
+    audio: dict[str, Any] | None = None
+    modalities: list[Literal["text", "audio"]] | None = None
+    prediction: dict[str, Any] | None = None
+    reasoning_effort: Literal["minimal", "low", "medium", "high"] | None = None
+    verbosity: Literal["low", "medium", "high"] | None = None
+    web_search_options: dict[str, Any] | None = None
+    service_tier: Literal["auto", "default", "flex", "scale", "priority"] | None = None
+    store: bool | None = None
+    metadata: dict[str, str] | None = None
+    prompt_cache_key: str | None = None
+    safety_identifier: str | None = None
+
+
+PromptIn = (
+    Annotated[str, Field(min_length=1)]
+    | Annotated[list[TokenId], Field(min_length=1)]
+    | Annotated[list[str], Field(min_length=1)]
+    | Annotated[list[list[TokenId]], Field(min_length=1)]
+)
 
 
 class CompletionRequest(SamplingFields):
-    prompt: str | list[int] | list[str] | list[list[int]]
+    prompt: PromptIn
     echo: bool = False
+    logprobs: Annotated[int, Field(ge=0, le=MAX_LOGPROBS)] | None = None
+    best_of: Annotated[int, Field(ge=1, le=128)] | None = None
+    suffix: str | None = None
+
+
+class NativeSamplingParams(Body):
+    """``sampling_params`` of ``/generate``, named as ``engine.sampling.SamplingParams``."""
+
+    temperature: Annotated[float, Field(ge=0.0, le=100.0)] = 1.0
+    top_p: Annotated[float, Field(gt=0.0, le=1.0)] = 1.0
+    top_k: Annotated[int, Field(ge=-1, le=TOKEN_ID_MAX)] = -1
+    seed: Annotated[int, Field(ge=0, le=INT64_MAX)] | None = None
+    max_new_tokens: Annotated[int, Field(ge=1)] | None = None
+    stop: list[StopString] = Field(default_factory=list)
+    stop_token_ids: list[TokenId] = Field(default_factory=list)
+    ignore_eos: bool = False
 
 
 class GenerateBody(Body):
-    """The native ``/generate`` body (SGLang-style)."""
+    """The native ``/generate`` body (SGLang-style): exactly one of ``text`` and ``input_ids``."""
 
-    text: str | None = None
-    input_ids: list[int] | None = None
-    sampling_params: dict[str, Any] = Field(default_factory=dict)
+    text: Annotated[str, Field(min_length=1)] | None = None
+    input_ids: Annotated[list[TokenId], Field(min_length=1)] | None = None
+    sampling_params: NativeSamplingParams = Field(default_factory=NativeSamplingParams)
     stream: bool = False
-    priority: int = 0
+    priority: Priority = 0
 
 
 B = TypeVar("B", bound=Body)
+
+REQUEST_BODIES: tuple[type[Body], ...] = (ChatCompletionRequest, CompletionRequest, GenerateBody)
 
 
 def parse_body(raw: bytes, model: type[B]) -> B:
@@ -102,6 +157,8 @@ def parse_body(raw: bytes, model: type[B]) -> B:
         data = json.loads(raw)
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
         raise APIError(f"the body is not valid JSON: {exc}") from None
+    except RecursionError:
+        raise APIError("the body is nested too deeply") from None
     if not isinstance(data, dict):
         raise APIError("the body must be a JSON object")
     try:
@@ -109,78 +166,8 @@ def parse_body(raw: bytes, model: type[B]) -> B:
     except ValidationError as exc:
         err = exc.errors()[0]
         param = ".".join(str(p) for p in err["loc"]) or None
+        if err["type"] == "extra_forbidden":
+            raise APIError(
+                f"unrecognized request argument: {param}", param=param, code="unknown_parameter"
+            ) from None
         raise APIError(f"{param}: {err['msg']}" if param else err["msg"], param=param) from None
-
-
-def check_max_tokens(value: int, max_model_len: int, param: str) -> int:
-    if value < 1:
-        raise APIError(f"{param} must be at least 1, got {value}", param=param)
-    if value > max_model_len:
-        raise APIError(
-            f"{param} is {value}; this model's context is {max_model_len} tokens", param=param
-        )
-    return value
-
-
-def sampling_params(body: SamplingFields, max_tokens: int, max_model_len: int) -> SamplingParams:
-    """The ``SamplingParams`` of an OpenAI request; ``APIError`` for values out of range."""
-    if body.n != 1:
-        raise APIError("only n=1 is supported", param="n")
-    check_max_tokens(max_tokens, max_model_len, "max_tokens")
-    stop = [body.stop] if isinstance(body.stop, str) else list(body.stop or [])
-    params = SamplingParams(
-        temperature=1.0 if body.temperature is None else body.temperature,
-        top_p=1.0 if body.top_p is None else body.top_p,
-        top_k=-1 if body.top_k is None else body.top_k,
-        seed=body.seed,
-        max_new_tokens=max_tokens,
-        stop=stop,
-        stop_token_ids=list(body.stop_token_ids or []),
-        ignore_eos=body.ignore_eos,
-    )
-    if params.temperature > 2.0:
-        raise APIError(
-            f"temperature must be at most 2, got {params.temperature}", param="temperature"
-        )
-    return validated(params)
-
-
-def validated(params: SamplingParams) -> SamplingParams:
-    try:
-        return params.validate()
-    except ValueError as exc:
-        raise APIError(str(exc), param=str(exc).split(" ", 1)[0]) from None
-
-
-def native_sampling_params(fields: dict[str, Any], max_model_len: int) -> SamplingParams:
-    """``sampling_params`` of ``/generate``, by ``SamplingParams``' own field names."""
-    try:
-        params = msgspec.convert(fields, SamplingParams)
-    except msgspec.ValidationError as exc:
-        raise APIError(f"sampling_params: {exc}", param="sampling_params") from None
-    check_max_tokens(params.max_new_tokens, max_model_len, "max_new_tokens")
-    return validated(params)
-
-
-def chat_messages(body: ChatCompletionRequest) -> list[ChatMessage]:
-    if not body.messages:
-        raise APIError("messages must not be empty", param="messages")
-    return [ChatMessage(role=m.role, content=m.text()) for m in body.messages]
-
-
-def completion_prompt(body: CompletionRequest) -> tuple[str | None, list[int] | None]:
-    """The prompt as text or token ids; batches of prompts are refused."""
-    prompt = body.prompt
-    if isinstance(prompt, str):
-        return prompt, None
-    if prompt and all(isinstance(p, int) for p in prompt):
-        return None, [int(p) for p in prompt]  # type: ignore[arg-type]
-    if len(prompt) == 1:
-        only = prompt[0]
-        if isinstance(only, str):
-            return only, None
-        if isinstance(only, list):
-            return None, list(only)
-    if not prompt:
-        raise APIError("prompt must not be empty", param="prompt")
-    raise APIError("only one prompt per request is supported", param="prompt")

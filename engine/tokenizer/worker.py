@@ -14,8 +14,8 @@ import time
 import msgspec
 
 from engine import messages
-from engine.launch.child import open_sockets, recv_message, report_ready
 from engine.launch.config import ServeConfig
+from engine.launch.ipc import open_sockets, recv_message, report_ready
 from engine.tokenizer.prompt import PromptError, fit_max_tokens, load_tokenizer, prompt_ids
 
 log = logging.getLogger(__name__)

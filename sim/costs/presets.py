@@ -101,7 +101,7 @@ HARDWARE: dict[str, Hardware] = {
         link_bandwidth=450e9,
         provenance=(
             "H200 ceilings measured here: 4.26 TB/s device copy counting bytes read + written "
-            "and 797 TFLOP/s bf16 8192^3 matmul (DESIGN.md; re-measured as 4.28 TB/s and "
+            "and 797 TFLOP/s bf16 8192^3 matmul (a first measurement; re-measured as 4.28 TB/s and "
             "791 TFLOP/s with 1.05 us per graph-replayed kernel in profiles/h200_ceilings.json); "
             "HBM 143771 MiB from nvidia-smi; NVLink 450 GB/s per direction is NVIDIA's H200 "
             "datasheet figure (900 GB/s bidirectional), not measured here"
