@@ -24,6 +24,7 @@ import torch
 from engine.attention.backend import AttentionBackend, register_backend
 from engine.attention.metadata import AttentionMetadata
 from engine.kvcache.pool import KVPool
+from engine.models.ops import flashinfer_pdl
 
 WORKSPACE_BYTES = 256 * 1024 * 1024
 HEAD_DIMS = (64, 128, 256)
@@ -49,6 +50,7 @@ class FlashInferAttention(AttentionBackend):
         import flashinfer
 
         self.fi = flashinfer
+        self.pdl = flashinfer_pdl()
         self.device = pool.device
         self.workspace = torch.zeros(WORKSPACE_BYTES, dtype=torch.uint8, device=self.device)
         self.prefill = flashinfer.BatchPrefillWithPagedKVCacheWrapper(
@@ -136,5 +138,7 @@ class FlashInferAttention(AttentionBackend):
     ) -> torch.Tensor:
         assert self.out_slots is not None, "prepare() first"
         self.pool.write(layer, self.out_slots, k, v)
-        out: torch.Tensor = self.wrapper.run(q, (self.pool.k[layer], self.pool.v[layer]))
+        out: torch.Tensor = self.wrapper.run(
+            q, (self.pool.k[layer], self.pool.v[layer]), enable_pdl=self.pdl
+        )
         return out

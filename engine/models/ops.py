@@ -15,6 +15,7 @@ step is a chain of a few hundred small kernels. Both compute the same functions:
 from __future__ import annotations
 
 import importlib.util
+import os
 
 import torch
 import torch.nn.functional as F
@@ -61,6 +62,14 @@ def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tens
     return x * cos + rotated * sin
 
 
+def flashinfer_pdl() -> bool:
+    """Whether FlashInfer launches its kernels with programmatic dependent launch (Hopper).
+
+    On by default; ``SERVELAB_FLASHINFER_PDL=0`` turns it off (to compare).
+    """
+    return os.environ.get("SERVELAB_FLASHINFER_PDL", "1") != "0"
+
+
 class FlashInferOps(TorchOps):
     """FlashInfer's fused norm, activation and rotary kernels (CUDA, half precision)."""
 
@@ -70,20 +79,23 @@ class FlashInferOps(TorchOps):
         import flashinfer
 
         self.fi = flashinfer
+        self.pdl = flashinfer_pdl()
 
     def rms_norm(self, x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
         shape = x.shape
-        out: torch.Tensor = self.fi.norm.rmsnorm(x.reshape(-1, shape[-1]), weight, eps)
+        out: torch.Tensor = self.fi.norm.rmsnorm(
+            x.reshape(-1, shape[-1]), weight, eps, enable_pdl=self.pdl
+        )
         return out.view(shape)
 
     def add_rms_norm(
         self, x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        self.fi.norm.fused_add_rmsnorm(x, residual, weight, eps)  # residual += x; x = norm
+        self.fi.norm.fused_add_rmsnorm(x, residual, weight, eps, enable_pdl=self.pdl)
         return x, residual
 
     def silu_and_mul(self, x: torch.Tensor) -> torch.Tensor:
-        out: torch.Tensor = self.fi.activation.silu_and_mul(x)
+        out: torch.Tensor = self.fi.activation.silu_and_mul(x, enable_pdl=self.pdl)
         return out
 
     def rotary(
