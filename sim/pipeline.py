@@ -15,8 +15,9 @@ started before t (the one in flight included) and carries on. Decisions and
 times equal those of stepping one by one.
 
 Token times: a step's tokens leave the GPU at the step's end, travel to the
-detokenizer (an exact FIFO queue, see ``DetokenizerQueue``), and reach the
-client one IPC hop later; that client time is what TTFT, ITL and E2E use.
+detokenizer (an exact FIFO queue, see ``DetokenizerQueue``), go one IPC hop to
+the frontend and through its SSE streaming (another FIFO queue, ``stream`` cost
+per token); that client time is what TTFT, ITL and E2E use.
 """
 
 from __future__ import annotations
@@ -104,6 +105,7 @@ class Pipeline:
         self.itl_runs: list[tuple[np.ndarray, int]] = []
         self.steps = StepLog(scheduler.config.num_pages)
         self.detok = DetokenizerQueue(cpu.detokenize)
+        self.stream_out = DetokenizerQueue(cpu.stream)  # the frontend's SSE event per token
         self.queue_samples: list[tuple[float, str, int]] = []
         self._waiting_in = {"frontend": 0, "tokenizer": 0}
         self._sched_waiting = -1
@@ -262,7 +264,7 @@ class Pipeline:
         if ntokens:
             arrive = end + self.cpu.ipc
             depart = self.detok.serve_one(arrive, ntokens)
-            client = depart + self.cpu.ipc
+            client = self.stream_out.serve_one(depart + self.cpu.ipc, ntokens)
             detok = depart - arrive
         times = self.times
         first_token, finished, last = times["first_token"], times["finished"], self.last_chunk
@@ -329,7 +331,7 @@ class Pipeline:
         ends = starts + durations
         arrive = ends + self.cpu.ipc
         depart = self.detok.serve_run(arrive, batch)
-        client = depart + self.cpu.ipc
+        client = self.stream_out.serve_run(depart + self.cpu.ipc, batch)
         detok_total = float(np.sum(depart - arrive))
         last, out, detok = self.last_chunk, self.output_tokens, self.detokenize_s
         first_client = float(client[0])

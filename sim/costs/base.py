@@ -80,7 +80,8 @@ class CpuCosts:
 
     ``frontend`` per request (HTTP parse), ``tokenize`` per input token,
     ``detokenize`` per output token, ``ipc`` per message hop, ``schedule`` per
-    scheduler step plus ``schedule_request`` per request in the step's batch.
+    scheduler step plus ``schedule_request`` per request in the step's batch,
+    ``stream`` per streamed chunk (the frontend's SSE event for one token).
     """
 
     frontend: float
@@ -89,10 +90,19 @@ class CpuCosts:
     ipc: float
     schedule: float
     schedule_request: float
+    stream: float
     source: str
     provenance: str
 
-    KINDS = ("frontend", "tokenize", "detokenize", "ipc", "schedule", "schedule_request")
+    KINDS = (
+        "frontend",
+        "tokenize",
+        "detokenize",
+        "ipc",
+        "schedule",
+        "schedule_request",
+        "stream",
+    )
 
     def schedule_time(self, batch_size: int) -> float:
         return self.schedule + self.schedule_request * batch_size
