@@ -9,6 +9,7 @@ COMMANDS = {
     "serve": ("engine.launch.serve", "serve_main", "serve a model over HTTP"),
     "setup": ("engine.models.setup", "setup_main", "convert a known model into the cache"),
     "profile": ("engine.profile.main", "profile_main", "time the serving runner for the simulator"),
+    "bench": ("engine.bench.main", "bench_main", "replay a trace against a server"),
 }
 
 

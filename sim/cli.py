@@ -11,6 +11,7 @@ from typing import Any
 from sim.config import SimConfig, build_config
 from sim.costs import COST_MODELS, ProfileError
 from sim.traces import TraceError, generate, load_trace
+from sim.validate import add_validate_args
 
 
 def _replay_args(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -49,6 +50,7 @@ def _replay_args(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> No
     p.add_argument("--slo-ttft-ms", type=float)
     p.add_argument("--slo-tpot-ms", type=float)
     p.add_argument("--no-report", action="store_true", help="skip report.html")
+    p.add_argument("--timeline", action="store_true", help="also write timeline.json (Perfetto)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
 
 
@@ -117,6 +119,7 @@ def format_summary(summary: dict[str, Any]) -> str:
 
 
 def cmd_replay(args: argparse.Namespace) -> int:
+    from sim.perfetto import TIMELINE_NAME, write_timeline
     from sim.replay import run_replay, write_outputs
 
     # the flags named after a SimConfig field override it (build_config skips the None ones)
@@ -125,6 +128,8 @@ def cmd_replay(args: argparse.Namespace) -> int:
     trace = load_trace(args.trace, rate_scale=args.rate_scale, limit=args.limit)
     result = run_replay(trace, config, progress=not args.no_progress)
     summary = write_outputs(result, args.out, report=not args.no_report)
+    if args.timeline:
+        write_timeline(args.out / TIMELINE_NAME, result.requests, result.steps, "sim replay")
     print(format_summary(summary))
     print(f"\noutputs in {args.out}/")
     return 0
@@ -150,8 +155,11 @@ def main(argv: list[str] | None = None) -> int:
     sub = parser.add_subparsers(dest="command", required=True)
     _replay_args(sub)
     _gen_args(sub)
+    add_validate_args(sub)
     args = parser.parse_args(argv)
     try:
+        if hasattr(args, "func"):
+            return int(args.func(args))
         return cmd_replay(args) if args.command == "replay" else cmd_gen(args)
     except (TraceError, ProfileError, ValueError) as exc:
         print(f"sim {args.command}: error: {exc}", file=sys.stderr)

@@ -39,10 +39,16 @@ def usage(result: RequestResult) -> dict[str, Any]:
 
 
 class Shape:
-    """How one endpoint's responses look: chat (``delta``/``message``) or text (``text``)."""
+    """How one endpoint's responses look: chat (``delta``/``message``) or text (``text``).
 
-    def __init__(self, chat: bool, rid: str, model: str) -> None:
+    With ``meta_info`` (the body's ``return_meta_info``), the final chunk of a stream
+    (the one with ``finish_reason``) or the whole response also carries ``meta_info``:
+    the request's stage timestamps, as ``/generate`` returns them.
+    """
+
+    def __init__(self, chat: bool, rid: str, model: str, meta_info: bool = False) -> None:
         self.chat = chat
+        self.meta_info = meta_info
         self.id = f"chatcmpl-{rid}" if chat else f"cmpl-{rid}"
         self.model = model
         self.created = int(time.time())
@@ -82,6 +88,8 @@ class Shape:
             choice["text"] = result.text
             body = self.envelope("text_completion", [choice])
         body["usage"] = usage(result)
+        if self.meta_info:
+            body["meta_info"] = result.meta_info()
         return body
 
     def usage_chunk(self, result: RequestResult) -> dict[str, Any]:
@@ -103,7 +111,10 @@ async def stream_events(
             if item.text:
                 yield sse_event(shape.chunk(item.text, None))
             if item.finish_reason is not None:
-                yield sse_event(shape.chunk(None if shape.chat else "", item.finish_reason))
+                last = shape.chunk(None if shape.chat else "", item.finish_reason)
+                if shape.meta_info:
+                    last["meta_info"] = stream.result.meta_info()
+                yield sse_event(last)
                 break
             try:
                 item = await stream.next()
@@ -125,7 +136,7 @@ async def answer(
     req: messages.GenerateRequest,
 ) -> Response:
     """Answer ``req`` as a chat or a text completion, streamed if ``body`` asks for it."""
-    shape = Shape(chat, req.rid, ctx.cfg.model)
+    shape = Shape(chat, req.rid, ctx.cfg.model, body.return_meta_info)
     include_usage = body.include_usage()
 
     def events(stream: RequestStream, first: messages.TextItem) -> AsyncIterator[bytes]:

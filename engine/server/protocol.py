@@ -68,6 +68,7 @@ class SamplingFields(Body):
     stream_options: StreamOptions | None = None
     priority: int = 0
     user: str | None = None
+    return_meta_info: bool = False  # extension: the stage timestamps of /generate's meta_info
 
     def include_usage(self) -> bool:
         return bool(self.stream_options and self.stream_options.include_usage)
