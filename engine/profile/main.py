@@ -20,6 +20,7 @@ from pathlib import Path
 from tqdm import tqdm
 
 from engine.launch.config import ServeConfig
+from engine.models.setup import ModelNotFoundError
 from engine.profile import provenance
 from engine.profile.grid import GridSpec, StepPoint, ints
 from engine.profile.stages import measure_stages
@@ -145,7 +146,7 @@ def profile_main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory() as run_dir:
         try:
             cfg = serve_config(serve_argv, run_dir)
-        except ValueError as exc:
+        except (ModelNotFoundError, ValueError) as exc:
             parser.exit(2, f"engine profile: error: {exc}\n")
     from engine.scheduler_proc.loop import runner_args
 
