@@ -25,7 +25,6 @@ from engine.profile import provenance
 from engine.profile.grid import GridSpec, StepPoint, ints
 from engine.profile.stages import measure_stages
 from engine.profile.steps import StepTimer, serving_runner
-from engine.runner.args import RunnerArgs
 from sim.costs.base import CpuCosts
 from sim.costs.profile import Profile, ProfileRow, display_path, write_profile
 from sim.costs.table import TableCostModel
@@ -85,14 +84,22 @@ def grid_spec(args: argparse.Namespace, device: str) -> GridSpec:
 
 
 def measure_steps(
-    rargs: RunnerArgs, spec: GridSpec, args: argparse.Namespace, info: dict[str, str]
+    cfg: ServeConfig, spec: GridSpec, args: argparse.Namespace, info: dict[str, str]
 ) -> list[ProfileRow]:
-    """Time the grid's plans (shuffled, so that ``--max-seconds`` cuts evenly)."""
+    """Time the grid's plans (shuffled, so that ``--max-seconds`` cuts evenly) on the runner
+    ``engine serve`` would build from ``cfg``."""
+    from engine.attention.backend import resolve_name
+    from engine.scheduler_proc.loop import runner_args
+
+    rargs = runner_args(cfg)
     with serving_runner(rargs) as leader:
-        timer = StepTimer(leader, seed=spec.seed)
         runner = leader.runner
-        info["attention_backend"] = runner.attention.name
-        info["cuda_graph"] = str(rargs.cuda_graph and runner.device.type == "cuda")
+        vocab = cfg.vocab_limit or cfg.vocab_size
+        timer = StepTimer(leader, runner.page_size, runner.num_pages, vocab, spec.seed)
+        on_cuda = cfg.device.startswith("cuda")
+        info["dtype"] = str(rargs.torch_dtype()).removeprefix("torch.")
+        info["attention_backend"] = resolve_name(rargs.attention_backend, cfg.device)
+        info["cuda_graph"] = str(rargs.cuda_graph and on_cuda)
         info["num_pages"] = f"{runner.num_pages} of {runner.page_size} tokens"
         points = spec.points()
         left_out = [p for p in points if not timer.fits(p)]
@@ -148,9 +155,6 @@ def profile_main(argv: list[str] | None = None) -> int:
             cfg = serve_config(serve_argv, run_dir)
         except (ModelNotFoundError, ValueError) as exc:
             parser.exit(2, f"engine profile: error: {exc}\n")
-    from engine.scheduler_proc.loop import runner_args
-
-    rargs = runner_args(cfg)
     spec = grid_spec(args, cfg.device)
     info = {
         "hardware": provenance.hardware(cfg.device, cfg.tp_size),
@@ -158,7 +162,6 @@ def profile_main(argv: list[str] | None = None) -> int:
         "date": provenance.now(),
         "command": "engine profile " + shlex.join(argv),
         "device": cfg.device,
-        "dtype": str(rargs.torch_dtype()).removeprefix("torch."),
         "tp": str(cfg.tp_size),
         "software": provenance.versions(),
         "source": provenance.source_revision(),
@@ -166,7 +169,7 @@ def profile_main(argv: list[str] | None = None) -> int:
     rows: list[ProfileRow] = []
     if not args.no_steps:
         info["grid"] = describe_grid(spec, args)
-        rows += measure_steps(rargs, spec, args, info)
+        rows += measure_steps(cfg, spec, args, info)
     if not args.no_cpu_stages:
         rows += measure_stages(cfg, args.stage_repeats, info)
     steps = [r for r in rows if r.kind not in CpuCosts.KINDS]

@@ -52,16 +52,18 @@ def serving_runner(args: RunnerArgs) -> Iterator[TPLeader]:
 
 
 class StepTimer:
-    """Times ``StepPoint`` plans on one runner; token ids are drawn at random (seeded)."""
+    """Times ``StepPoint`` plans on one runner, whose pool has ``num_pages`` pages of
+    ``page_size`` tokens; token ids are drawn below ``vocab`` at random (seeded)."""
 
-    def __init__(self, leader: TPLeader, seed: int = 0) -> None:
-        runner = leader.runner
-        self.page_size = runner.page_size
-        self.num_pages = runner.num_pages
-        self.tp = runner.tp.size
-        self.vocab = runner.args.vocab_limit or runner.config.vocab_size
-        config = SchedulerConfig(num_pages=self.num_pages, page_size=self.page_size)
-        self.engine = Engine(config, leader.step, runner.eos_token_ids)
+    def __init__(
+        self, leader: TPLeader, page_size: int, num_pages: int, vocab: int, seed: int = 0
+    ) -> None:
+        self.page_size = page_size
+        self.num_pages = num_pages
+        self.tp = leader.args.tp_size
+        self.vocab = vocab
+        config = SchedulerConfig(num_pages=num_pages, page_size=page_size)
+        self.engine = Engine(config, leader.step, eos_token_ids=())
         self.rng = np.random.default_rng(seed)
 
     def fits(self, point: StepPoint) -> bool:
