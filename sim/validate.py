@@ -24,7 +24,7 @@ import json
 import os
 import shlex
 import sys
-from dataclasses import replace
+from dataclasses import fields, replace
 from pathlib import Path
 from typing import Any
 
@@ -72,21 +72,12 @@ def servable(trace: Trace, max_model_len: int | None) -> tuple[Trace, int]:
 
 
 def sim_config(args: argparse.Namespace, model: str, num_pages: int) -> SimConfig:
-    profile = read_profile(args.profile)
-    dtype = DTYPES.get(profile.provenance.get("dtype", ""))
-    return build_config(
-        args.config,
-        model=model,
-        dtype=dtype,
-        num_pages=num_pages,
-        page_size=args.page_size,
-        max_running=args.max_running,
-        max_prefill_tokens=args.max_prefill_tokens,
-        policy=args.policy,
-        num_tokenizers=args.num_tokenizers,
-        profile=args.profile,
-        cost_model="table",
-    )
+    """The flags named after a ``SimConfig`` field, the server's model and pages, the
+    profile's ``table`` model and dtype."""
+    flags = {f.name: getattr(args, f.name) for f in fields(SimConfig) if hasattr(args, f.name)}
+    dtype = DTYPES.get(read_profile(args.profile).provenance.get("dtype", ""))
+    flags |= {"model": model, "num_pages": num_pages, "cost_model": "table", "dtype": dtype}
+    return build_config(args.config, **flags)
 
 
 def run_real(args: argparse.Namespace, trace: Trace, info: Any) -> list[ReplayResult]:

@@ -115,3 +115,19 @@ def test_timelines_share_one_schema(tmp_path: Path) -> None:
     write_timeline(tmp_path / "real.json", request_frame(real, EPOCH0),
                    step_frame(real, EPOCH0), "engine bench")  # fmt: skip
     assert _check_timeline(tmp_path / "real.json", "engine bench") == {"requests": 3, "steps": 5}
+
+
+def test_unreachable_servers_are_clear_errors(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from engine.bench.main import bench_main
+    from sim.cli import main as sim_main
+
+    trace = str(ROOT / "traces" / "azure_conv.csv")
+    url = "http://127.0.0.1:9"  # the discard port: nothing answers HTTP there
+    assert bench_main([trace, "--url", url, "--out", str(tmp_path / "b")]) == 2
+    assert "cannot list the models of http://127.0.0.1:9" in capsys.readouterr().err
+    args = ["validate", trace, "--url", url, "--profile", "p.csv", "--out", str(tmp_path / "v")]
+    assert sim_main(args) == 2
+    assert "cannot list the models" in capsys.readouterr().err
+    assert not (tmp_path / "b").exists() and not (tmp_path / "v").exists()
