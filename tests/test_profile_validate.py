@@ -8,6 +8,7 @@ from pathlib import Path
 
 import httpx
 import pytest
+import torch
 from conftest import MODEL, Server
 
 from engine.bench.prompts import PromptMaker
@@ -57,6 +58,10 @@ def test_engine_profile_reports_bad_flags(capsys: pytest.CaptureFixture[str]) ->
     with pytest.raises(SystemExit):
         profile_main(["--model", "no-such-model", "--no-steps", "--out", "/nonexistent/p.csv"])
     assert "no-such-model" in capsys.readouterr().err
+    if not torch.cuda.is_available():
+        with pytest.raises(SystemExit):
+            profile_main(["--model", MODEL, "--device", "cuda", "--out", "/nonexistent/p.csv"])
+        assert "needs as many CUDA devices" in capsys.readouterr().err
 
 
 def test_prompts_have_exact_lengths_and_shared_blocks(model_ready: str) -> None:

@@ -17,6 +17,7 @@ import tempfile
 import time
 from pathlib import Path
 
+import torch
 from tqdm import tqdm
 
 from engine.launch.config import ServeConfig
@@ -155,6 +156,9 @@ def profile_main(argv: list[str] | None = None) -> int:
             cfg = serve_config(serve_argv, run_dir)
         except (ModelNotFoundError, ValueError) as exc:
             parser.exit(2, f"engine profile: error: {exc}\n")
+    if cfg.device == "cuda" and not args.no_steps and torch.cuda.device_count() < cfg.tp_size:
+        parser.exit(2, f"engine profile: error: --tp {cfg.tp_size} needs as many CUDA devices, "
+                    f"this machine has {torch.cuda.device_count()}\n")  # fmt: skip
     spec = grid_spec(args, cfg.device)
     info = {
         "hardware": provenance.hardware(cfg.device, cfg.tp_size),
