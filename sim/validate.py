@@ -26,7 +26,7 @@ import shlex
 import sys
 from dataclasses import fields, replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 from sim.compare import compare, format_comparison
 from sim.config import SimConfig, build_config
@@ -35,6 +35,9 @@ from sim.jsonsafe import json_safe
 from sim.perfetto import TIMELINE_NAME, write_timeline
 from sim.replay import ReplayResult, run_replay, write_outputs
 from sim.traces import Trace, load_trace
+
+if TYPE_CHECKING:
+    from engine.bench.server import ServerInfo
 
 DTYPES = {"float32": "fp32", "bfloat16": "bf16", "float16": "fp16"}
 """The simulator's name of a profile's ``dtype``."""
@@ -80,7 +83,7 @@ def sim_config(args: argparse.Namespace, model: str, num_pages: int) -> SimConfi
     return build_config(args.config, **flags)
 
 
-def run_real(args: argparse.Namespace, trace: Trace, info: Any) -> list[ReplayResult]:
+def run_real(args: argparse.Namespace, trace: Trace, info: ServerInfo) -> list[ReplayResult]:
     """The repeats of ``engine bench``, each written to its directory."""
     from engine.bench.client import Target
     from engine.bench.main import format_result, write_bench

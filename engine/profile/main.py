@@ -133,17 +133,13 @@ def describe_grid(spec: GridSpec, args: argparse.Namespace) -> str:
                      f"warmup={args.warmup}"])  # fmt: skip
 
 
-def report(profile: Profile, tp: int) -> str:
-    """What ``engine profile`` prints: the rows measured, the fit's errors, the CPU costs."""
+def summary_lines(profile: Profile) -> list[str]:
+    """What ``engine profile`` prints: the plans timed, the fit's errors, the CPU costs."""
     lines = [f"profile {profile.path}: {len(profile.steps)} step plans"]
-    if profile.steps:
-        table = TableCostModel(profile, tp)
-        lines.append(f"table fit: {table.error_text()}")
-        profile.provenance["table_fit"] = table.error_text()
-    for kind in CpuCosts.KINDS:
-        if kind in profile.cpu:
-            lines.append(f"  {kind:<17}{profile.cpu[kind] * 1e6:10.2f} us")
-    return "\n".join(lines)
+    if "table_fit" in profile.provenance:
+        lines.append(f"table fit: {profile.provenance['table_fit']}")
+    lines += [f"  {k:<17}{v * 1e6:10.2f} us" for k, v in profile.cpu.items()]
+    return lines
 
 
 def profile_main(argv: list[str] | None = None) -> int:
@@ -179,7 +175,9 @@ def profile_main(argv: list[str] | None = None) -> int:
     steps = [r for r in rows if r.kind not in CpuCosts.KINDS]
     cpu = {r.kind: r.duration_s for r in rows if r.kind in CpuCosts.KINDS}
     profile = Profile(display_path(args.out), info, steps, cpu)
-    print(report(profile, cfg.tp_size))
-    write_profile(args.out, profile.provenance, rows)
+    if steps:
+        info["table_fit"] = TableCostModel(profile, cfg.tp_size).error_text()
+    print("\n".join(summary_lines(profile)))
+    write_profile(args.out, info, rows)
     print(f"wrote {args.out}")
     return 0
