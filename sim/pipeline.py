@@ -303,7 +303,8 @@ class Pipeline:
         running = list(s.running.values())
         batch = len(running)
         context = sum(r.num_computed for r in running)
-        gpu = self.gpu.decode_times(batch, context + batch, k)
+        longest = max(r.num_computed for r in running)
+        gpu = self.gpu.decode_times(batch, context + batch, longest + 1, k)
         cpu = self.cpu.schedule_time(batch)
         durations = np.maximum(gpu, cpu) if self.overlap else gpu + cpu
         clock = np.cumsum(np.concatenate(([now], durations)))

@@ -28,7 +28,7 @@ HEADER = ",".join(COLUMNS) + "\n"
 
 
 def decode_shape(batch: int, context: int) -> StepShape:
-    return StepShape(0, batch, context, context, 0, batch)
+    return StepShape.decode(batch, context, context // batch)
 
 
 def test_llama_decode_is_memory_bound_at_small_batch() -> None:
@@ -45,9 +45,9 @@ def test_llama_decode_is_memory_bound_at_small_batch() -> None:
 def test_llama_large_prefill_is_compute_bound() -> None:
     roof = RooflineCostModel(model_shape("llama-3.1-8b"), hardware("h200"))
     n = 8192
-    shape = StepShape(n, 0, n, 0, n * (n + 1) // 2, 1)
+    shape = StepShape(n, 0, n, 0, 0, n * (n + 1) // 2, 1)
     t = roof.step_time(shape)
-    assert t > roof.step_time(StepShape(1, 0, 1, 0, 1, 1)) * 10
+    assert t > roof.step_time(StepShape(1, 0, 1, 0, 0, 1, 1)) * 10
     linear = 2 * model_shape("llama-3.1-8b").layers * model_shape("llama-3.1-8b").layer_params * n
     assert t > linear / 797e12  # at least the matmul FLOPs at peak
 
@@ -56,7 +56,7 @@ def test_decode_times_match_single_steps() -> None:
     for name in ("llama-3.1-8b", "qwen3-0.6b", "smollm2-135m"):
         roof = RooflineCostModel(model_shape(name), hardware("h200"))
         batch, context, k = 37, 20_000, 50
-        run = roof.decode_times(batch, context, k)
+        run = roof.decode_times(batch, context, context // batch, k)
         single = [roof.step_time(decode_shape(batch, context + i * batch)) for i in range(k)]
         np.testing.assert_allclose(run, single, rtol=1e-12)
 
@@ -97,11 +97,11 @@ def test_table_model_recovers_a_linear_regime(tmp_path: Path) -> None:
     profile = read_profile(_roofline_profile(tmp_path / "p.csv", roof))
     table = TableCostModel(profile, tp=1)
     assert table.errors["fit"]["max"] < 1e-6
-    for batch, context in ((2, 700), (30, 50_000)):
+    for batch, context in ((2, 700), (30, 50_010)):
         shape = decode_shape(batch, context)
         assert table.step_time(shape) == pytest.approx(roof.step_time(shape), rel=1e-6)
     np.testing.assert_allclose(
-        table.decode_times(8, 9000, 5),
+        table.decode_times(8, 9000, 9000 // 8, 5),
         [table.step_time(decode_shape(8, 9000 + 8 * i)) for i in range(5)],
         rtol=1e-12,
     )
@@ -111,7 +111,7 @@ def test_table_model_recovers_a_linear_regime(tmp_path: Path) -> None:
 
 
 def test_profile_needs_provenance_and_valid_rows(tmp_path: Path) -> None:
-    row = "decode,0,1,10,10,0,1,1,0.001,0.001,0.001,3,fit\n"
+    row = "decode,0,1,10,10,10,0,1,1,0.001,0.001,0.001,3,fit\n"
     bare = tmp_path / "bare.csv"
     bare.write_text(HEADER + row)
     with pytest.raises(ProfileError, match="provenance lacks"):
@@ -121,10 +121,10 @@ def test_profile_needs_provenance_and_valid_rows(tmp_path: Path) -> None:
     )
     assert read_profile(bare).provenance["hardware"] == "h"
     bad = tmp_path / "bad.csv"
-    bad.write_text(PROVENANCE + HEADER + row + "warp,0,1,1,1,0,1,1,1,1,1,1,fit\n")
+    bad.write_text(PROVENANCE + HEADER + row + "warp,0,1,1,1,1,0,1,1,1,1,1,1,fit\n")
     with pytest.raises(ProfileError, match=r"bad\.csv:7: unknown kind 'warp'"):
         read_profile(bad)
-    bad.write_text(PROVENANCE + HEADER + "decode,0,x,10,10,0,1,1,0.001,0.001,0.001,3,fit\n")
+    bad.write_text(PROVENANCE + HEADER + "decode,0,x,10,10,10,0,1,1,0.001,0.001,0.001,3,fit\n")
     with pytest.raises(ProfileError, match=r"bad\.csv:6: non-numeric"):
         read_profile(bad)
     bad.write_text(PROVENANCE + HEADER + row.replace("fit", "test"))

@@ -73,7 +73,7 @@ def test_prefill_fit_separates_tokens_from_attention() -> None:
     big = shape_of(StepPoint(((0, 8192),), ()))
     assert table.step_time(big) == pytest.approx(prefill_time(big), rel=1e-6)
     # a profile without decode rows prices decode steps with the prefill fit
-    assert table.step_time(StepShape(0, 4, 400, 400, 0, 4)) > 0
+    assert table.step_time(StepShape.decode(4, 400, 100)) > 0
 
 
 def test_holdout_rows_stay_out_of_the_fit() -> None:
@@ -88,7 +88,7 @@ def test_holdout_rows_stay_out_of_the_fit() -> None:
 def test_times_below_the_grid_are_floored() -> None:
     table = TableCostModel(decode_profile((4, 8, 16), []))
     fastest = min(r.duration_s for r in decode_profile((4, 8, 16), []).steps)
-    assert table.step_time(StepShape(0, 1, 10, 10, 0, 1)) >= fastest
+    assert table.step_time(StepShape.decode(1, 10, 10)) >= fastest
 
 
 def test_relative_errors_arithmetic() -> None:
@@ -111,27 +111,46 @@ def test_piecewise_fit_interpolates_its_knots_exactly() -> None:
         PiecewiseFit.fit(x, np.zeros((4, 0)), np.array([1.0, 0.0, 1.0, 1.0]))
 
 
+def padded_time(shape: StepShape) -> float:
+    """A decode kernel that pads its batch to the longest request (the torch backend)."""
+    return 1e-3 + 2e-4 * shape.decode_requests + 3e-8 * shape.decode_padded
+
+
+def test_decode_fit_tells_padding_from_context() -> None:
+    grid = [StepPoint((), ctx) for b in (1, 4, 16) for ctx in ((100,) * b, (3000,) * b)]
+    grid += [StepPoint((), (3000,) + (100,) * (b - 1)) for b in (4, 16)]
+    padded = [row(shape_of(p), padded_time(shape_of(p))) for p in grid]
+    paged = [row(shape_of(p), bucketed(len(p.decode), shape_of(p).decode_context)) for p in grid]
+    ragged = shape_of(StepPoint((), (2500, 40, 90, 700, 1200, 60, 300, 10)))
+    table = TableCostModel(Profile("torch.csv", {}, padded))
+    assert table.step_time(ragged) == pytest.approx(padded_time(ragged), rel=1e-6)
+    table = TableCostModel(Profile("paged.csv", {}, paged))
+    assert table.step_time(ragged) == pytest.approx(bucketed(8, ragged.decode_context), rel=1e-6)
+
+
 @settings(max_examples=30, deadline=None)
 @given(
-    batches=st.lists(st.integers(1, 300), min_size=1, max_size=8, unique=True),
-    noise=st.lists(st.floats(0.5, 2.0), min_size=16, max_size=16),
+    batches=st.lists(st.integers(2, 300), min_size=1, max_size=8, unique=True),
+    noise=st.lists(st.floats(0.5, 2.0), min_size=24, max_size=24),
     batch=st.integers(1, 400),
-    context=st.integers(0, 200_000),
+    context=st.integers(1, 2000),
+    extra=st.integers(0, 5000),
     k=st.integers(1, 50),
 )
 def test_decode_runs_equal_single_steps(
-    batches: list[int], noise: list[float], batch: int, context: int, k: int
+    batches: list[int], noise: list[float], batch: int, context: int, extra: int, k: int
 ) -> None:
     rows = []
     for i, b in enumerate(sorted(batches)):
-        for j, ctx in enumerate((100, 3000)):
-            shape = shape_of(StepPoint((), (ctx,) * b))
-            rows.append(row(shape, bucketed(b, shape.decode_context) * noise[2 * i + j]))
+        for j, ctx in enumerate(((100,) * b, (3000,) * b, (3000,) + (100,) * (b - 1))):
+            shape = shape_of(StepPoint((), ctx))
+            rows.append(row(shape, padded_time(shape) * noise[3 * i + j]))
     table = TableCostModel(Profile("p.csv", {}, rows))
-    run = table.decode_times(batch, context, k)
+    longest = context + extra
+    total = context * batch + extra
+    run = table.decode_times(batch, total, longest, k)
     single = [
-        table.step_time(StepShape(0, batch, context + i * batch, context + i * batch, 0, batch))
-        for i in range(k)
+        table.step_time(StepShape.decode(batch, total + i * batch, longest + i)) for i in range(k)
     ]
     np.testing.assert_allclose(run, single, rtol=1e-9)
     assert np.all(run > 0)

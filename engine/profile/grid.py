@@ -8,9 +8,13 @@ are left out (and reported).
 
 The grid crosses prefill sizes with cached prefixes and chunk counts, decode
 batch sizes with per-request contexts, and a few prefill sizes with decode
-batches (mixed steps). Held-out points are drawn at random inside the same
-ranges (seeded); the ``table`` fit never sees them, so its error on them is an
-honest estimate of its error between grid points.
+batches (mixed steps). Decode and mixed steps come uniform (every request at
+one context) and ragged (one request at the longest context, the others at the
+shortest), so that a fit can tell the context read from the context padded to
+the longest request. Held-out points are drawn at random inside the same
+ranges, each request its own context (seeded); the ``table`` fit never sees
+them, so its error on them is an honest estimate of its error between grid
+points.
 """
 
 from __future__ import annotations
@@ -116,11 +120,18 @@ class GridSpec:
         for batch in self.decode_batches:
             for context in self.decode_contexts:
                 out.append(StepPoint((), (context,) * batch))
-        middle = self.decode_contexts[len(self.decode_contexts) // 2]
+            out.append(StepPoint((), self.ragged(batch)))
+        middle = sorted(self.decode_contexts)[len(self.decode_contexts) // 2]
         for tokens in self.mixed_prefill:
             for batch in self.mixed_batches:
                 out.append(StepPoint(((0, tokens),), (middle,) * batch))
+                out.append(StepPoint(((0, tokens),), self.ragged(batch)))
         return list(dict.fromkeys(out)) + self.holdout_points()
+
+    def ragged(self, batch: int) -> tuple[int, ...]:
+        """One request at the longest context, the others at the shortest: what padding the
+        decode batch to its longest request costs."""
+        return (max(self.decode_contexts),) + (min(self.decode_contexts),) * (batch - 1)
 
     def holdout_points(self) -> list[StepPoint]:
         """Random points inside the grid's ranges: a third each decode, prefill, mixed."""
@@ -130,19 +141,19 @@ class GridSpec:
         def between(values: tuple[int, ...]) -> int:
             return rng.randint(min(values), max(values))
 
+        def contexts(batches: tuple[int, ...]) -> tuple[int, ...]:
+            return tuple(between(self.decode_contexts) for _ in range(between(batches)))
+
         for i in range(self.holdout):
             kind = i % 3
             if kind == 0:
-                context = between(self.decode_contexts)
-                out.append(StepPoint((), (context,) * between(self.decode_batches), "holdout"))
+                out.append(StepPoint((), contexts(self.decode_batches), "holdout"))
             elif kind == 1:
                 chunks = rng.choice(self.prefill_chunks)
                 length = max(1, between(self.prefill_tokens) // chunks)
                 prefix = between(self.prefill_prefixes)
                 out.append(StepPoint(((prefix, length),) * chunks, (), "holdout"))
             else:
-                context = between(self.decode_contexts)
-                batch = between(self.mixed_batches)
                 prefill = ((0, between(self.mixed_prefill)),)
-                out.append(StepPoint(prefill, (context,) * batch, "holdout"))
+                out.append(StepPoint(prefill, contexts(self.mixed_batches), "holdout"))
         return out

@@ -3,8 +3,8 @@
 ``engine profile`` writes them; the ``table`` cost model and ``CpuCosts`` read
 them. CSV columns (``COLUMNS``)::
 
-    kind,prefill_tokens,decode_requests,context_tokens,decode_context,prefill_attention,
-    sampled,tp,duration_s,min_s,max_s,repeats,split
+    kind,prefill_tokens,decode_requests,context_tokens,decode_context,decode_padded,
+    prefill_attention,sampled,tp,duration_s,min_s,max_s,repeats,split
 
 A step row (``kind`` = ``prefill``, ``decode`` or ``mixed``) is one batch plan
 that was run ``repeats`` times: its shape in ``StepShape``'s terms, the median
@@ -29,22 +29,8 @@ from pathlib import Path
 
 from sim.costs.base import CpuCosts, StepShape
 
-COLUMNS = (
-    "kind",
-    "prefill_tokens",
-    "decode_requests",
-    "context_tokens",
-    "decode_context",
-    "prefill_attention",
-    "sampled",
-    "tp",
-    "duration_s",
-    "min_s",
-    "max_s",
-    "repeats",
-    "split",
-)
 SHAPE_COLUMNS = tuple(f.name for f in fields(StepShape))
+COLUMNS = ("kind", *SHAPE_COLUMNS, "tp", "duration_s", "min_s", "max_s", "repeats", "split")
 STEP_KINDS = ("prefill", "decode", "mixed")
 CPU_KINDS = CpuCosts.KINDS
 SPLITS = ("fit", "holdout")
@@ -80,7 +66,7 @@ class ProfileRow:
         return [self.kind, *shape, str(self.tp), *times, str(self.repeats), self.split]
 
 
-EMPTY_SHAPE = StepShape(0, 0, 0, 0, 0, 0)
+EMPTY_SHAPE = StepShape(0, 0, 0, 0, 0, 0, 0)
 
 
 @dataclass(slots=True)

@@ -3,14 +3,17 @@
 Two groups of a profile's step rows (of the configured TP degree) get one
 ``PiecewiseFit`` each (``sim.costs.fit``):
 
-- pure decode steps: spine = decode batch size, plus a term in the context the
-  batch reads (``decode_context``). On a GPU with CUDA graphs a decode step
+- pure decode steps: spine = decode batch size, plus terms in the context the
+  batch reads (``decode_context``) and in that context padded to the longest
+  request (``decode_padded``: a kernel that pads its decode batch, as the torch
+  backend does, pays for it; a paged kernel does not). On a GPU with CUDA graphs a decode step
   runs the graph of the next captured batch size, so its time is a step
   function of the batch size; a knot at every measured batch size follows it.
 - steps with prefill (pure or mixed with decodes): spine = tokens in the step
   (prefill tokens + decode requests; knots at the pure-prefill rows), plus
-  terms in the prefill's query-key pairs, the decodes' context, the number of
-  decode requests and the number of sampled rows (LM head and sampler).
+  terms in the prefill's query-key pairs, the decodes' context (plain and
+  padded), the number of decode requests and the number of sampled rows (LM
+  head and sampler).
 
 A group the profile lacks is priced by the other group's fit. No step is
 predicted faster than the fastest measured step of its group. Rows with
@@ -51,13 +54,15 @@ class StepGroup:
         return x, extras
 
 
-DECODE = StepGroup("decode", ("decode_requests",), ("decode_context",), False)
+DECODE = StepGroup("decode", ("decode_requests",), ("decode_context", "decode_padded"), False)
 PREFILL = StepGroup(
     "prefill",
     ("prefill_tokens", "decode_requests"),
-    ("prefill_attention", "decode_context", "decode_requests", "sampled"),
+    ("prefill_attention", "decode_context", "decode_padded", "decode_requests", "sampled"),
     True,
 )
+GROWING = ("decode_context", "decode_padded")
+"""Features that grow by the batch size with each step of a decode run."""
 GROUPS = (DECODE, PREFILL)
 
 
@@ -141,14 +146,13 @@ class TableCostModel(GpuCostModel):
         group = self.prefill if shape.prefill_tokens else self.decode
         return group.time(shape)
 
-    def decode_times(self, batch: int, context_tokens: int, k: int) -> np.ndarray:
-        ctx = context_tokens + batch * np.arange(k, dtype=np.float64)
+    def decode_times(self, batch: int, context_tokens: int, longest: int, k: int) -> np.ndarray:
         d = self.decode
-        x, extras = d.group.columns([StepShape(0, batch, 0, 0, 0, batch)])
-        # the decode fit's only extra is decode_context; the prefill fit (standing in
-        # for a profile without decode rows) reads the same context from its extras
+        x, extras = d.group.columns([StepShape.decode(batch, context_tokens, longest)])
         columns = np.repeat(extras, k, axis=0)
-        columns[:, d.group.extras.index("decode_context")] = ctx
+        growth = batch * np.arange(k, dtype=np.float64)
+        for name in GROWING:
+            columns[:, d.group.extras.index(name)] += growth
         times: np.ndarray = np.maximum(d.fit.predict(np.repeat(x, k), columns), d.floor)
         return times
 
