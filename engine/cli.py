@@ -1,4 +1,4 @@
-"""The ``engine`` console script: ``engine serve`` and ``engine setup``."""
+"""The ``engine`` console script: ``engine serve``, ``setup``, ``profile`` and ``bench``."""
 
 from __future__ import annotations
 
@@ -8,6 +8,8 @@ import sys
 COMMANDS = {
     "serve": ("engine.launch.serve", "serve_main", "serve a model over HTTP"),
     "setup": ("engine.models.setup", "setup_main", "convert a known model into the cache"),
+    "profile": ("engine.profile.main", "profile_main", "time the serving runner for the simulator"),
+    "bench": ("engine.bench.main", "bench_main", "replay a trace against a server"),
 }
 
 

@@ -14,6 +14,7 @@ from sim.memory import keep_mmap_threshold
 from sim.sweep_cli import add_capacity_args, add_sweep_args, cmd_capacity, cmd_sweep
 from sim.tables import STEP_FORMATS
 from sim.traces import TraceError, generate, load_trace
+from sim.validate import add_validate_args
 
 
 def _replay_args(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -64,6 +65,7 @@ def _replay_args(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> No
         default="csv",
         help="the per-step table: steps.csv (default), the compact steps.parquet, or none",
     )
+    p.add_argument("--timeline", action="store_true", help="also write timeline.json (Perfetto)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
 
 
@@ -132,6 +134,7 @@ def format_summary(summary: dict[str, Any]) -> str:
 
 
 def cmd_replay(args: argparse.Namespace) -> int:
+    from sim.perfetto import TIMELINE_NAME, write_timeline
     from sim.replay import run_replay, write_outputs
 
     # the flags named after a SimConfig field override it (build_config skips the None ones)
@@ -140,6 +143,8 @@ def cmd_replay(args: argparse.Namespace) -> int:
     trace = load_trace(args.trace, rate_scale=args.rate_scale, limit=args.limit)
     result = run_replay(trace, config, progress=not args.no_progress)
     summary = write_outputs(result, args.out, report=not args.no_report, steps=args.steps)
+    if args.timeline:
+        write_timeline(args.out / TIMELINE_NAME, result.requests, result.steps, "sim replay")
     print(format_summary(summary))
     print(f"\noutputs in {args.out}/")
     return 0
@@ -167,10 +172,13 @@ def main(argv: list[str] | None = None) -> int:
     _gen_args(sub)
     add_sweep_args(sub)
     add_capacity_args(sub)
+    add_validate_args(sub)
     args = parser.parse_args(argv)
     keep_mmap_threshold()
     commands = {"replay": cmd_replay, "gen": cmd_gen, "sweep": cmd_sweep, "capacity": cmd_capacity}
     try:
+        if hasattr(args, "func"):
+            return int(args.func(args))
         return commands[args.command](args)
     except (TraceError, ProfileError, ValueError) as exc:
         print(f"sim {args.command}: error: {exc}", file=sys.stderr)

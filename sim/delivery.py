@@ -1,4 +1,4 @@
-"""Token delivery: each step's tokens travel GPU -> IPC -> detokenizer -> IPC -> client.
+"""Token delivery: each step's tokens travel GPU -> IPC -> detokenizer -> IPC -> frontend (SSE).
 
 Nothing on this path feeds back into scheduling, so the pipeline only records,
 for each step that produced tokens, when it ended and which requests got a
@@ -7,7 +7,9 @@ then times every step at once through the detokenizer's FIFO queue and derives
 each request's client-side times:
 
 - a step's message arrives at ``end + ipc``, departs the detokenizer at
-  ``depart`` and reaches the client at ``client = depart + ipc``;
+  ``depart``, reaches the frontend at ``depart + ipc`` and the client when the
+  frontend has streamed it (a second FIFO queue, ``stream`` seconds per token;
+  with no streaming cost, at ``depart + ipc``);
 - a request's tokens form chunk groups (one step, or a run of steps), in time
   order; its output tokens are the steps it appears in, its ITL gaps are the
   gaps between consecutive chunks, and its detokenize time sums its steps'
@@ -40,10 +42,17 @@ class Delivered:
 class TokenDelivery:
     """Records token-carrying steps during a replay; ``deliver()`` times them afterwards."""
 
-    def __init__(self, num_requests: int, ipc: float, detokenize_per_token: float) -> None:
+    def __init__(
+        self,
+        num_requests: int,
+        ipc: float,
+        detokenize_per_token: float,
+        stream_per_token: float = 0.0,
+    ) -> None:
         self.num_requests = num_requests
         self.ipc = ipc
         self.detokenize_per_token = detokenize_per_token
+        self.stream_per_token = stream_per_token
         self.num_steps = 0
         self._ends = array("d")  # per step: when it ended
         self._lengths = array("q")  # per block (a step, or a run of steps): its steps
@@ -73,9 +82,13 @@ class TokenDelivery:
         lengths = np.frombuffer(self._lengths, dtype=np.int64)
         batch = np.frombuffer(self._batch, dtype=np.int64)
         arrive = np.frombuffer(self._ends, dtype=np.float64) + self.ipc
-        served = serve_fifo(arrive, np.repeat(batch * self.detokenize_per_token, lengths))
+        per_step = np.repeat(batch, lengths)
+        served = serve_fifo(arrive, per_step * self.detokenize_per_token)
         detok = np.subtract(served.depart, arrive, out=arrive)
         client = np.add(served.depart, self.ipc, out=served.depart)
+        if self.stream_per_token > 0:
+            client = serve_fifo(client, per_step * self.stream_per_token).depart
+        del per_step
         first = np.cumsum(lengths) - lengths  # first step of each block
         block_detok = np.add.reduceat(detok, first) if len(detok) else np.zeros(0)
         del detok, arrive

@@ -143,7 +143,8 @@ class EngineLoop:
         running = list(s.running.values())
         batch = len(running)
         context = sum(r.num_planned for r in running)
-        gpu = p.gpu.decode_times(batch, context + batch, k)
+        longest = max(r.num_planned for r in running)
+        gpu = p.gpu.decode_times(batch, context + batch, longest + 1, k)
         cpu = p.cpu.schedule_time(batch)
         if prev is None:  # strict: step j runs [start, start + cpu + gpu]; tokens at its end
             durations = gpu + cpu

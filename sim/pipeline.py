@@ -12,10 +12,11 @@ strict or overlapped, fast-forwarding runs of identical decode steps.
 The stages before the scheduler push nothing back, so ``sim.frontend`` times
 them for every request before the run and one arrival process feeds the
 scheduler. Token times: a step's tokens leave the engine when its plan is
-completed, travel to the detokenizer (an exact FIFO queue) and reach the client
-one IPC hop later; that client time is what TTFT, ITL and E2E use. The loop
-records which requests each step served and ``sim.delivery`` times them all
-after the run.
+completed, travel to the detokenizer (an exact FIFO queue), go one IPC hop to
+the frontend and through its SSE streaming (another FIFO queue, ``stream`` cost
+per token); that client time is what TTFT, ITL and E2E use. The loop records
+which requests each step served and ``sim.delivery`` times them all after the
+run.
 """
 
 from __future__ import annotations
@@ -115,7 +116,7 @@ class Pipeline:
         self.preemptions = [0] * n
         self.reqs: list[Request | None] = [None] * n
         self.steps = StepLog(scheduler.config.num_pages)
-        self.delivery = TokenDelivery(n, cpu.ipc, cpu.detokenize)
+        self.delivery = TokenDelivery(n, cpu.ipc, cpu.detokenize, cpu.stream)
         self.first_step = [-1] * n  # delivery step of each request's first token
         self.finish_step = [-1] * n  # delivery step that finished it, if it carried tokens
         self.delivered: Delivered | None = None

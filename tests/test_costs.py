@@ -20,14 +20,15 @@ from sim.costs import (
     model_shape,
     read_profile,
 )
+from sim.costs.profile import COLUMNS, EMPTY_SHAPE, ProfileRow, write_profile
 from sim.costs.roofline import KERNELS_PER_LAYER, KERNELS_PER_STEP
 
 PROVENANCE = "# hardware: test cpu\n# model: test\n# date: 2026-11-29\n# command: pytest\n"
-HEADER = "kind,prefill_tokens,decode_requests,context_tokens,tp,duration_s\n"
+HEADER = ",".join(COLUMNS) + "\n"
 
 
 def decode_shape(batch: int, context: int) -> StepShape:
-    return StepShape(0, batch, context, context, 0, batch)
+    return StepShape.decode(batch, context, context // batch)
 
 
 def test_llama_decode_is_memory_bound_at_small_batch() -> None:
@@ -44,9 +45,9 @@ def test_llama_decode_is_memory_bound_at_small_batch() -> None:
 def test_llama_large_prefill_is_compute_bound() -> None:
     roof = RooflineCostModel(model_shape("llama-3.1-8b"), hardware("h200"))
     n = 8192
-    shape = StepShape(n, 0, n, 0, n * (n + 1) // 2, 1)
+    shape = StepShape(n, 0, n, 0, 0, n * (n + 1) // 2, 1)
     t = roof.step_time(shape)
-    assert t > roof.step_time(StepShape(1, 0, 1, 0, 1, 1)) * 10
+    assert t > roof.step_time(StepShape(1, 0, 1, 0, 0, 1, 1)) * 10
     linear = 2 * model_shape("llama-3.1-8b").layers * model_shape("llama-3.1-8b").layer_params * n
     assert t > linear / 797e12  # at least the matmul FLOPs at peak
 
@@ -55,7 +56,7 @@ def test_decode_times_match_single_steps() -> None:
     for name in ("llama-3.1-8b", "qwen3-0.6b", "smollm2-135m"):
         roof = RooflineCostModel(model_shape(name), hardware("h200"))
         batch, context, k = 37, 20_000, 50
-        run = roof.decode_times(batch, context, k)
+        run = roof.decode_times(batch, context, context // batch, k)
         single = [roof.step_time(decode_shape(batch, context + i * batch)) for i in range(k)]
         np.testing.assert_allclose(run, single, rtol=1e-12)
 
@@ -84,10 +85,10 @@ def _roofline_profile(path: Path, roof: RooflineCostModel, tp: int = 1) -> Path:
     for batch in (1, 4, 16, 64):
         for context in (batch * 100, batch * 1000, batch * 4000):
             t = roof.step_time(decode_shape(batch, context))
-            rows.append(f"decode,0,{batch},{context},{tp},{t!r}")
-    rows.append("tokenize,0,0,0,1,2e-6")
-    rows.append("tokenize,0,0,0,1,4e-6")
-    path.write_text(PROVENANCE + HEADER + "\n".join(rows) + "\n")
+            rows.append(ProfileRow("decode", decode_shape(batch, context), tp, t, t, t, 3))
+    cpu = [ProfileRow("tokenize", EMPTY_SHAPE, 1, t, t, t, 1) for t in (2e-6, 4e-6)]
+    provenance = {"hardware": "test cpu", "model": "test", "date": "2026-11-29", "command": "t"}
+    write_profile(path, provenance, rows + cpu)
     return path
 
 
@@ -95,23 +96,24 @@ def test_table_model_recovers_a_linear_regime(tmp_path: Path) -> None:
     roof = RooflineCostModel(model_shape("llama-3.1-8b"), hardware("h200"))
     profile = read_profile(_roofline_profile(tmp_path / "p.csv", roof))
     table = TableCostModel(profile, tp=1)
-    assert table.fit_error < 1e-6
-    for batch, context in ((2, 700), (30, 50_000)):
+    assert table.errors["fit"]["max"] < 1e-6
+    for batch, context in ((2, 700), (30, 50_010)):
         shape = decode_shape(batch, context)
         assert table.step_time(shape) == pytest.approx(roof.step_time(shape), rel=1e-6)
     np.testing.assert_allclose(
-        table.decode_times(8, 9000, 5),
+        table.decode_times(8, 9000, 9000 // 8, 5),
         [table.step_time(decode_shape(8, 9000 + 8 * i)) for i in range(5)],
         rtol=1e-12,
     )
     assert "test cpu" in table.provenance and str(tmp_path) in table.provenance
-    with pytest.raises(ProfileError, match="no GPU step rows for tp=2"):
+    with pytest.raises(ProfileError, match="no step rows for tp=2"):
         TableCostModel(profile, tp=2)
 
 
 def test_profile_needs_provenance_and_valid_rows(tmp_path: Path) -> None:
+    row = "decode,0,1,10,10,10,0,1,1,0.001,0.001,0.001,3,fit\n"
     bare = tmp_path / "bare.csv"
-    bare.write_text(HEADER + "decode,0,1,10,1,0.001\n")
+    bare.write_text(HEADER + row)
     with pytest.raises(ProfileError, match="provenance lacks"):
         read_profile(bare)
     (tmp_path / "bare.csv.json").write_text(
@@ -119,11 +121,19 @@ def test_profile_needs_provenance_and_valid_rows(tmp_path: Path) -> None:
     )
     assert read_profile(bare).provenance["hardware"] == "h"
     bad = tmp_path / "bad.csv"
-    bad.write_text(PROVENANCE + HEADER + "decode,0,1,10,1,0.001\nwarp,0,1,1,1,1\n")
+    bad.write_text(PROVENANCE + HEADER + row + "warp,0,1,1,1,1,0,1,1,1,1,1,1,fit\n")
     with pytest.raises(ProfileError, match=r"bad\.csv:7: unknown kind 'warp'"):
         read_profile(bad)
-    bad.write_text(PROVENANCE + HEADER + "decode,0,x,10,1,0.001\n")
+    bad.write_text(PROVENANCE + HEADER + "decode,0,x,10,10,10,0,1,1,0.001,0.001,0.001,3,fit\n")
     with pytest.raises(ProfileError, match=r"bad\.csv:6: non-numeric"):
+        read_profile(bad)
+    bad.write_text(PROVENANCE + HEADER + row.replace("fit", "test"))
+    with pytest.raises(ProfileError, match=r"bad\.csv:6: split must be one of"):
+        read_profile(bad)
+    bad.write_text(
+        PROVENANCE + "kind,prefill_tokens,decode_requests,context_tokens,tp,duration_s\n"
+    )
+    with pytest.raises(ProfileError, match=r"bad\.csv:5: expected header kind,"):
         read_profile(bad)
 
 
@@ -131,7 +141,7 @@ def test_cpu_costs_default_file_and_overrides(tmp_path: Path) -> None:
     default = load_cpu_costs(None)
     assert DEFAULT_CPU_PROFILE.samefile(default.source)
     assert 0 < default.tokenize < 1e-3 and 0 < default.ipc < 1e-2
-    assert "measure_cpu_costs.py" in default.provenance
+    assert "engine profile" in default.provenance
     roof = RooflineCostModel(model_shape("smollm2-135m"), hardware("h200"))
     profile = read_profile(_roofline_profile(tmp_path / "p.csv", roof))
     mixed = load_cpu_costs(profile)

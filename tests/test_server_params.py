@@ -14,7 +14,7 @@ from engine.server.translate import UNSUPPORTED
 # fields the server implements (sampling, prompt, streaming, log-probs, identifiers it logs)
 IMPLEMENTED = {
     "model", "max_tokens", "temperature", "top_p", "top_k", "seed", "stop", "stop_token_ids",
-    "ignore_eos", "n", "stream", "stream_options", "priority", "user",
+    "ignore_eos", "n", "stream", "stream_options", "priority", "user", "return_meta_info",
 }  # fmt: skip
 CHAT_IMPLEMENTED = {
     "messages", "max_completion_tokens", "logprobs", "top_logprobs", "parallel_tool_calls",

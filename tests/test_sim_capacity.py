@@ -18,13 +18,14 @@ CPU_COSTS = """# hardware: none (round numbers for a test)
 # model: none
 # date: 2026-11-30
 # command: written by tests/test_sim_capacity.py
-kind,prefill_tokens,decode_requests,context_tokens,tp,duration_s
-tokenize,0,0,0,1,{tokenize}
-detokenize,0,0,0,1,1e-7
-ipc,0,0,0,1,1e-6
-frontend,0,0,0,1,1e-6
-schedule,0,0,0,1,0
-schedule_request,0,0,0,1,0
+kind,prefill_tokens,decode_requests,context_tokens,decode_context,decode_padded,prefill_attention,sampled,tp,duration_s,min_s,max_s,repeats,split
+tokenize,0,0,0,0,0,0,0,1,{tokenize},{tokenize},{tokenize},1,fit
+detokenize,0,0,0,0,0,0,0,1,1e-7,1e-7,1e-7,1,fit
+ipc,0,0,0,0,0,0,0,1,1e-6,1e-6,1e-6,1,fit
+frontend,0,0,0,0,0,0,0,1,1e-6,1e-6,1e-6,1,fit
+schedule,0,0,0,0,0,0,0,1,0,0,0,1,fit
+schedule_request,0,0,0,0,0,0,0,1,0,0,0,1,fit
+stream,0,0,0,0,0,0,0,1,0,0,0,1,fit
 """
 
 

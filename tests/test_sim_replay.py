@@ -13,6 +13,7 @@ import pytest
 from sim.calls import replay_calls
 from sim.cli import main
 from sim.config import build_config
+from sim.costs.profile import COLUMNS
 from sim.metrics import REQUEST_COLUMNS
 from sim.replay import run_replay
 from sim.steplog import STEP_COLUMNS
@@ -208,10 +209,12 @@ def test_replay_with_a_table_profile_names_it(tmp_path: Path) -> None:
     profile = tmp_path / "prof.csv"
     rows = ["# hardware: test gpu", "# model: llama-3.1-8b", "# date: 2026-11-29",
             "# command: written by this test",
-            "kind,prefill_tokens,decode_requests,context_tokens,tp,duration_s",
-            "prefill,512,0,512,1,0.012", "prefill,4096,0,4096,1,0.09",
-            "decode,0,1,1000,1,0.004", "decode,0,64,80000,1,0.007", "mixed,256,32,30000,1,0.011",
-            "ipc,0,0,0,1,5e-5"]  # fmt: skip
+            ",".join(COLUMNS), "prefill,512,0,512,0,0,131328,1,1,0.012,0.011,0.013,3,fit",
+            "prefill,4096,0,4096,0,0,8390656,1,1,0.09,0.09,0.09,3,fit",
+            "decode,0,1,1000,1000,1000,0,1,1,0.004,0.004,0.004,3,fit",
+            "decode,0,64,80000,80000,80000,0,64,1,0.007,0.007,0.007,3,fit",
+            "mixed,256,32,30000,29744,29760,32896,33,1,0.011,0.011,0.011,3,fit",
+            "ipc,0,0,0,0,0,0,0,1,5e-5,5e-5,5e-5,1,fit"]  # fmt: skip
     profile.write_text("\n".join(rows) + "\n")
     out = tmp_path / "o"
     args = ["replay", str(ROOT / "traces" / "azure_code.csv"), "--limit", "20", "--profile",

@@ -44,12 +44,24 @@ def usage(result: RequestResult) -> dict[str, Any]:
 
 class Shape:
     """How one request's responses look: chat (``delta``/``message``) or text (``text``),
-    with or without log-probs, and (text only) with the prompt echoed first."""
+    with or without log-probs, and (text only) with the prompt echoed first.
+
+    With ``meta_info`` (the body's ``return_meta_info``), the final chunk of a stream
+    (the one with ``finish_reason``) or the whole response also carries ``meta_info``:
+    the request's stage timestamps, as ``/generate`` returns them.
+    """
 
     def __init__(
-        self, chat: bool, rid: str, model: str, logprobs: bool, echo: str | None = None
+        self,
+        chat: bool,
+        rid: str,
+        model: str,
+        logprobs: bool,
+        echo: str | None = None,
+        meta_info: bool = False,
     ) -> None:
         self.chat = chat
+        self.meta_info = meta_info
         self.id = f"chatcmpl-{rid}" if chat else f"cmpl-{rid}"
         self.model = model
         self.created = int(time.time())
@@ -123,6 +135,8 @@ class Shape:
             choice["text"] = text
             body = self.envelope("text_completion", [choice])
         body["usage"] = usage(result)
+        if self.meta_info:
+            body["meta_info"] = result.meta_info()
         return body
 
     def usage_chunk(self, result: RequestResult) -> dict[str, Any]:
@@ -150,7 +164,10 @@ async def stream_events(
             if item.text or (shape.logprobs and item.logprobs):
                 yield sse_event(shape.chunk(item.text, None, item))
             if item.finish_reason is not None:
-                yield sse_event(shape.chunk(None if shape.chat else "", item.finish_reason))
+                last = shape.chunk(None if shape.chat else "", item.finish_reason)
+                if shape.meta_info:
+                    last["meta_info"] = stream.result.meta_info()
+                yield sse_event(last)
                 break
             try:
                 item = await stream.next()
@@ -202,7 +219,9 @@ async def chat_completions(request: Request) -> Response:
         priority=body.priority,
         max_tokens_explicit=max_tokens is not None,
     )
-    shape = Shape(True, req.rid, ctx.cfg.model, logprobs is not None)
+    shape = Shape(
+        True, req.rid, ctx.cfg.model, logprobs is not None, meta_info=body.return_meta_info
+    )
     return await answer(request, ctx, body, shape, req)
 
 
@@ -225,7 +244,9 @@ async def completions(request: Request) -> Response:
         max_tokens_explicit=body.max_tokens is not None,
     )
     echo = (text or "") if body.echo else None
-    shape = Shape(False, req.rid, ctx.cfg.model, body.logprobs is not None, echo)
+    shape = Shape(
+        False, req.rid, ctx.cfg.model, body.logprobs is not None, echo, body.return_meta_info
+    )
     return await answer(request, ctx, body, shape, req)
 
 

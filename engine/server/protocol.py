@@ -81,6 +81,7 @@ class SamplingFields(Body):
     frequency_penalty: Annotated[float, Field(ge=-2.0, le=2.0)] | None = None
     presence_penalty: Annotated[float, Field(ge=-2.0, le=2.0)] | None = None
     logit_bias: dict[str, Annotated[float, Field(ge=-100.0, le=100.0)]] | None = None
+    return_meta_info: bool = False  # extension: the stage timestamps of /generate's meta_info
 
 
 class ChatCompletionRequest(SamplingFields):

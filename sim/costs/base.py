@@ -19,6 +19,9 @@ class StepShape:
     ``context_tokens``: KV positions the step's attention reads, summed over the
     batch (``start + length`` per prefill chunk, ``position + 1`` per decode slot).
     ``decode_context``: the decode slots' share of it (one query-key pair each).
+    ``decode_padded``: KV positions of the decode slots padded to the longest
+    one (decode requests x longest context), what an attention kernel that pads
+    its decode batch reads.
     ``prefill_attention``: query-key pairs of the prefill chunks (causal).
     ``sampled``: sequences that produce logits (last prefill chunks and decodes).
     """
@@ -27,6 +30,7 @@ class StepShape:
     decode_requests: int
     context_tokens: int
     decode_context: int
+    decode_padded: int
     prefill_attention: int
     sampled: int
 
@@ -40,22 +44,31 @@ class StepShape:
             sampled += c.samples
         n_decode = len(plan.decode)
         decode_context = sum(d.position for d in plan.decode) + n_decode
+        longest = max((d.position + 1 for d in plan.decode), default=0)
         return StepShape(
-            prefill_tokens,
-            n_decode,
-            prefill_context + decode_context,
-            decode_context,
-            attention,
-            sampled + n_decode,
+            prefill_tokens=prefill_tokens,
+            decode_requests=n_decode,
+            context_tokens=prefill_context + decode_context,
+            decode_context=decode_context,
+            decode_padded=n_decode * longest,
+            prefill_attention=attention,
+            sampled=sampled + n_decode,
         )
+
+    @staticmethod
+    def decode(batch: int, context: int, longest: int) -> StepShape:
+        """A pure-decode step of ``batch`` requests reading ``context`` KV positions in all,
+        ``longest`` for the longest request."""
+        return StepShape(0, batch, context, context, batch * longest, 0, batch)
 
 
 class GpuCostModel(ABC):
     """Time of one model step as a function of its shape, for a fixed model, hardware and TP.
 
     ``decode_times`` must equal ``step_time`` applied to each step of a run of
-    pure-decode steps (batch fixed, context growing by ``batch`` each step); it
-    exists so that fast-forwarded runs are priced with numpy in one call.
+    pure-decode steps (batch fixed, context growing by ``batch`` and the longest
+    context by one each step); it exists so that fast-forwarded runs are priced
+    with numpy in one call.
     """
 
     name: str
@@ -66,9 +79,9 @@ class GpuCostModel(ABC):
     def step_time(self, shape: StepShape) -> float: ...
 
     @abstractmethod
-    def decode_times(self, batch: int, context_tokens: int, k: int) -> np.ndarray:
+    def decode_times(self, batch: int, context_tokens: int, longest: int, k: int) -> np.ndarray:
         """Times of ``k`` decode steps of ``batch`` requests; step i reads
-        ``context_tokens + i * batch`` KV positions."""
+        ``context_tokens + i * batch`` KV positions, ``longest + i`` for its longest request."""
 
     def describe(self) -> dict[str, object]:
         return {"name": self.name, "profile": self.profile, "provenance": self.provenance}
@@ -80,7 +93,8 @@ class CpuCosts:
 
     ``frontend`` per request (HTTP parse), ``tokenize`` per input token,
     ``detokenize`` per output token, ``ipc`` per message hop, ``schedule`` per
-    scheduler step plus ``schedule_request`` per request in the step's batch.
+    scheduler step plus ``schedule_request`` per request in the step's batch,
+    ``stream`` per streamed chunk (the frontend's SSE event for one token).
     """
 
     frontend: float
@@ -89,10 +103,19 @@ class CpuCosts:
     ipc: float
     schedule: float
     schedule_request: float
+    stream: float
     source: str
     provenance: str
 
-    KINDS = ("frontend", "tokenize", "detokenize", "ipc", "schedule", "schedule_request")
+    KINDS = (
+        "frontend",
+        "tokenize",
+        "detokenize",
+        "ipc",
+        "schedule",
+        "schedule_request",
+        "stream",
+    )
 
     def schedule_time(self, batch_size: int) -> float:
         return self.schedule + self.schedule_request * batch_size

@@ -1,10 +1,19 @@
 """Profile files: measured step times and CPU stage costs, with their provenance.
 
-CSV columns ``kind,prefill_tokens,decode_requests,context_tokens,tp,duration_s``.
-GPU rows (``kind`` = ``prefill``, ``decode``, ``mixed`` or ``step``) hold one
-measured step each. CPU rows (``kind`` = ``frontend``, ``tokenize``,
-``detokenize``, ``ipc``, ``schedule``, ``schedule_request``) hold a per-unit cost
-in ``duration_s`` (see ``CpuCosts``); several rows of a kind are averaged.
+``engine profile`` writes them; the ``table`` cost model and ``CpuCosts`` read
+them. CSV columns (``COLUMNS``)::
+
+    kind,prefill_tokens,decode_requests,context_tokens,decode_context,decode_padded,
+    prefill_attention,sampled,tp,duration_s,min_s,max_s,repeats,split
+
+A step row (``kind`` = ``prefill``, ``decode`` or ``mixed``) is one batch plan
+that was run ``repeats`` times: its shape in ``StepShape``'s terms, the median
+time of one step (``duration_s``) and the fastest and slowest repeat.
+``split`` is ``fit`` for rows the ``table`` model is fitted to and ``holdout``
+for rows kept out of the fit to measure its error. A CPU row (``kind`` =
+``frontend``, ``tokenize``, ``detokenize``, ``ipc``, ``schedule``,
+``schedule_request``) holds a per-unit cost in ``duration_s`` (see
+``CpuCosts``), its shape columns zero; several rows of a kind are averaged.
 
 Provenance is required: ``# key: value`` comment lines at the top of the file,
 or a sidecar ``FILE.json`` with the same keys, naming at least ``hardware``,
@@ -15,16 +24,16 @@ from __future__ import annotations
 
 import csv
 import json
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 
-import numpy as np
+from sim.costs.base import CpuCosts, StepShape
 
-from sim.costs.base import CpuCosts
-
-COLUMNS = ["kind", "prefill_tokens", "decode_requests", "context_tokens", "tp", "duration_s"]
-GPU_KINDS = frozenset({"prefill", "decode", "mixed", "step"})
-CPU_KINDS = frozenset(CpuCosts.KINDS)
+SHAPE_COLUMNS = tuple(f.name for f in fields(StepShape))
+COLUMNS = ("kind", *SHAPE_COLUMNS, "tp", "duration_s", "min_s", "max_s", "repeats", "split")
+STEP_KINDS = ("prefill", "decode", "mixed")
+CPU_KINDS = CpuCosts.KINDS
+SPLITS = ("fit", "holdout")
 REQUIRED_PROVENANCE = ("hardware", "model", "date", "command")
 
 
@@ -32,11 +41,39 @@ class ProfileError(ValueError):
     """A profile file that cannot be used; the message names the file (and line)."""
 
 
+@dataclass(frozen=True, slots=True)
+class ProfileRow:
+    """One measured row: a step plan's shape and times, or a CPU stage's per-unit cost."""
+
+    kind: str
+    shape: StepShape
+    tp: int
+    duration_s: float
+    min_s: float
+    max_s: float
+    repeats: int
+    split: str = "fit"
+
+    @staticmethod
+    def step_kind(shape: StepShape) -> str:
+        if shape.prefill_tokens and shape.decode_requests:
+            return "mixed"
+        return "prefill" if shape.prefill_tokens else "decode"
+
+    def cells(self) -> list[str]:
+        shape = [str(getattr(self.shape, c)) for c in SHAPE_COLUMNS]
+        times = [f"{t:.6e}" for t in (self.duration_s, self.min_s, self.max_s)]
+        return [self.kind, *shape, str(self.tp), *times, str(self.repeats), self.split]
+
+
+EMPTY_SHAPE = StepShape(0, 0, 0, 0, 0, 0, 0)
+
+
 @dataclass(slots=True)
 class Profile:
     path: str
     provenance: dict[str, str]
-    gpu: np.ndarray = field(default_factory=lambda: np.zeros((0, 5)))  # pt, dr, ctx, tp, dur
+    steps: list[ProfileRow] = field(default_factory=list)
     cpu: dict[str, float] = field(default_factory=dict)
 
     def provenance_text(self) -> str:
@@ -52,10 +89,18 @@ def display_path(path: Path | str) -> str:
         return str(p)
 
 
-def read_profile(path: Path | str) -> Profile:
-    path = Path(path)
-    if not path.is_file():
-        raise ProfileError(f"{path}: no such profile file")
+def write_profile(path: Path | str, provenance: dict[str, str], rows: list[ProfileRow]) -> None:
+    """Write ``rows`` under ``# key: value`` provenance lines (one line per key)."""
+    missing = [k for k in REQUIRED_PROVENANCE if not provenance.get(k)]
+    if missing:
+        raise ProfileError(f"{path}: provenance lacks {missing}")
+    lines = [f"# {k}: {' '.join(str(v).split())}" for k, v in provenance.items()]
+    lines.append(",".join(COLUMNS))
+    lines += [",".join(r.cells()) for r in rows]
+    Path(path).write_text("\n".join(lines) + "\n", encoding="utf-8")
+
+
+def _read_lines(path: Path) -> tuple[dict[str, str], list[tuple[int, str]]]:
     provenance: dict[str, str] = {}
     body: list[tuple[int, str]] = []
     with path.open("r", encoding="utf-8") as f:
@@ -76,36 +121,52 @@ def read_profile(path: Path | str) -> Profile:
             f"{path}: provenance lacks {missing} "
             f"(add '# key: value' header lines or {sidecar.name})"
         )
+    return provenance, body
+
+
+def _parse_row(where: str, cells: list[str]) -> ProfileRow:
+    if len(cells) != len(COLUMNS):
+        raise ProfileError(f"{where}: expected {len(COLUMNS)} columns, got {len(cells)}")
+    kind, split = cells[0].strip(), cells[-1].strip()
+    if kind not in STEP_KINDS and kind not in CPU_KINDS:
+        raise ProfileError(f"{where}: unknown kind {kind!r}; known: {[*STEP_KINDS, *CPU_KINDS]}")
+    if split not in SPLITS:
+        raise ProfileError(f"{where}: split must be one of {SPLITS}, got {split!r}")
+    try:
+        ints = [int(c) for c in cells[1 : 1 + len(SHAPE_COLUMNS) + 1]]
+        median, low, high = (float(c) for c in cells[len(SHAPE_COLUMNS) + 2 : -2])
+        repeats = int(cells[-2])
+    except ValueError:
+        raise ProfileError(f"{where}: non-numeric value in {cells[1:-1]}") from None
+    if any(v < 0 for v in ints) or not all(t >= 0 for t in (median, low, high)) or repeats < 1:
+        raise ProfileError(f"{where}: values must be >= 0 (repeats >= 1)")
+    *shape, tp = ints
+    if tp < 1:
+        raise ProfileError(f"{where}: tp must be >= 1")
+    return ProfileRow(kind, StepShape(*shape), tp, median, low, high, repeats, split)
+
+
+def read_profile(path: Path | str) -> Profile:
+    path = Path(path)
+    if not path.is_file():
+        raise ProfileError(f"{path}: no such profile file")
+    provenance, body = _read_lines(path)
     if not body:
         raise ProfileError(f"{path}: no header row")
     header_line, header = body[0]
-    if [c.strip() for c in header.split(",")] != COLUMNS:
+    if tuple(c.strip() for c in header.split(",")) != COLUMNS:
         raise ProfileError(f"{path}:{header_line}: expected header {','.join(COLUMNS)}")
-    gpu_rows: list[list[float]] = []
-    cpu_sum: dict[str, list[float]] = {}
-    for line_no, cells in zip(
-        (n for n, _ in body[1:]), csv.reader(t for _, t in body[1:]), strict=True
-    ):
-        if len(cells) != len(COLUMNS):
-            raise ProfileError(f"{path}:{line_no}: expected {len(COLUMNS)} columns")
-        kind = cells[0].strip()
-        try:
-            nums = [float(c) for c in cells[1:]]
-        except ValueError:
-            raise ProfileError(f"{path}:{line_no}: non-numeric value in {cells[1:]}") from None
-        if any(v < 0 or v != v for v in nums):
-            raise ProfileError(f"{path}:{line_no}: values must be >= 0")
-        if kind in GPU_KINDS:
-            gpu_rows.append(nums)
-        elif kind in CPU_KINDS:
-            cpu_sum.setdefault(kind, []).append(nums[4])
+    steps: list[ProfileRow] = []
+    cpu_rows: dict[str, list[float]] = {}
+    lines = [n for n, _ in body[1:]]
+    for line_no, cells in zip(lines, csv.reader(t for _, t in body[1:]), strict=True):
+        row = _parse_row(f"{path}:{line_no}", cells)
+        if row.kind in STEP_KINDS:
+            steps.append(row)
         else:
-            raise ProfileError(
-                f"{path}:{line_no}: unknown kind {kind!r}; known: {sorted(GPU_KINDS | CPU_KINDS)}"
-            )
-    gpu = np.array(gpu_rows, dtype=np.float64).reshape(-1, 5)
-    cpu = {k: float(np.mean(v)) for k, v in cpu_sum.items()}
-    return Profile(path=display_path(path), provenance=provenance, gpu=gpu, cpu=cpu)
+            cpu_rows.setdefault(row.kind, []).append(row.duration_s)
+    cpu = {k: sum(v) / len(v) for k, v in cpu_rows.items()}
+    return Profile(path=display_path(path), provenance=provenance, steps=steps, cpu=cpu)
 
 
 def cpu_costs_from(profile: Profile, fallback: CpuCosts | None = None) -> CpuCosts:

@@ -55,6 +55,8 @@ def make_cost_model(name: str, spec: CostSpec) -> GpuCostModel:
 
 def load_cpu_costs(profile: Profile | None, default: Path | str = DEFAULT_CPU_PROFILE) -> CpuCosts:
     """CPU costs from ``profile`` where it has them, else from the committed default file."""
+    if profile is not None and set(profile.cpu) >= set(CpuCosts.KINDS):
+        return cpu_costs_from(profile)
     base = cpu_costs_from(read_profile(default))
     if profile is None or not profile.cpu:
         return base

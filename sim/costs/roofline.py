@@ -90,7 +90,7 @@ class RooflineCostModel(GpuCostModel):
             + self._allreduce_s_per_token * tokens
         )
 
-    def decode_times(self, batch: int, context_tokens: int, k: int) -> np.ndarray:
+    def decode_times(self, batch: int, context_tokens: int, longest: int, k: int) -> np.ndarray:
         ctx = context_tokens + batch * np.arange(k, dtype=np.float64)
         mem = self._weight_bytes + (ctx + batch) * self._kv_token_bytes
         flops = (self._layer_flops + self._head_flops) * batch + self._attn_flops * ctx

@@ -1,61 +1,166 @@
-"""The table cost model: a linear fit to measured step times of a profile.
+"""The table cost model: piecewise-linear fits to the step times of a measured profile.
 
-    step = c0 + c_prefill * prefill_tokens + c_decode * decode_requests
-           + c_context * context_tokens
+Two groups of a profile's step rows (of the configured TP degree) get one
+``PiecewiseFit`` each (``sim.costs.fit``):
 
-fitted by least squares to the profile's GPU rows of the configured TP degree.
-A fit is only as good as the rows' coverage; ``fit_error`` (the largest relative
-error over the rows) is part of the provenance so a report can say so.
+- pure decode steps: spine = decode batch size, plus terms in the context the
+  batch reads (``decode_context``) and in that context padded to the longest
+  request (``decode_padded``: a kernel that pads its decode batch, as the torch
+  backend does, pays for it; a paged kernel does not). On a GPU with CUDA graphs a decode step
+  runs the graph of the next captured batch size, so its time is a step
+  function of the batch size; a knot at every measured batch size follows it.
+- steps with prefill (pure or mixed with decodes): spine = tokens in the step
+  (prefill tokens + decode requests; knots at the pure-prefill rows), plus
+  terms in the prefill's query-key pairs, the decodes' context (plain and
+  padded), the number of decode requests and the number of sampled rows (LM
+  head and sampler).
+
+A group the profile lacks is priced by the other group's fit. No step is
+predicted faster than the fastest measured step of its group. Rows with
+``split = holdout`` stay out of the fit; the fit's relative error on them (and
+on the rows it was fitted to) is printed by ``engine profile``, recorded in the
+provenance and in ``describe()``.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+from typing import Any
+
 import numpy as np
 
 from sim.costs.base import GpuCostModel, StepShape
-from sim.costs.profile import Profile, ProfileError
+from sim.costs.fit import PiecewiseFit, relative_errors
+from sim.costs.profile import Profile, ProfileError, ProfileRow
 
-FEATURES = ("intercept", "prefill_tokens", "decode_requests", "context_tokens")
+
+@dataclass(frozen=True, slots=True)
+class StepGroup:
+    """Which rows a fit covers and which shape fields feed it."""
+
+    name: str
+    spine: tuple[str, ...]  # summed into the spine variable
+    extras: tuple[str, ...]
+    spine_from_pure: bool  # knots only at rows without decode requests
+
+    def covers(self, shape: StepShape) -> bool:
+        return (shape.prefill_tokens > 0) == (self.name == "prefill")
+
+    def columns(self, shapes: list[StepShape]) -> tuple[np.ndarray, np.ndarray]:
+        x = np.array([sum(getattr(s, f) for f in self.spine) for s in shapes], dtype=np.float64)
+        extras = np.array(
+            [[getattr(s, f) for f in self.extras] for s in shapes], dtype=np.float64
+        ).reshape(len(shapes), len(self.extras))
+        return x, extras
+
+
+DECODE = StepGroup("decode", ("decode_requests",), ("decode_context", "decode_padded"), False)
+PREFILL = StepGroup(
+    "prefill",
+    ("prefill_tokens", "decode_requests"),
+    ("prefill_attention", "decode_context", "decode_padded", "decode_requests", "sampled"),
+    True,
+)
+GROWING = ("decode_context", "decode_padded")
+"""Features that grow by the batch size with each step of a decode run."""
+GROUPS = (DECODE, PREFILL)
+
+
+@dataclass(frozen=True, slots=True)
+class GroupFit:
+    group: StepGroup
+    fit: PiecewiseFit
+    floor: float  # the fastest measured step of the group
+
+    @staticmethod
+    def of(group: StepGroup, rows: list[ProfileRow]) -> GroupFit:
+        shapes = [r.shape for r in rows]
+        x, extras = group.columns(shapes)
+        y = np.array([r.duration_s for r in rows], dtype=np.float64)
+        pure = np.array([s.decode_requests == 0 for s in shapes]) if group.spine_from_pure else None
+        return GroupFit(group, PiecewiseFit.fit(x, extras, y, pure), float(y.min()))
+
+    def time(self, shape: StepShape) -> float:
+        g = self.group
+        x = sum(getattr(shape, f) for f in g.spine)
+        t = self.fit.predict_one(x, tuple(getattr(shape, f) for f in g.extras))
+        return max(t, self.floor)
+
+    def describe(self) -> dict[str, Any]:
+        return {
+            "spine": "+".join(self.group.spine),
+            "knots": list(self.fit.knots),
+            "extras": list(self.group.extras),
+            "coef": list(self.fit.coef),
+            "floor_s": self.floor,
+        }
 
 
 class TableCostModel(GpuCostModel):
     name = "table"
 
     def __init__(self, profile: Profile, tp: int = 1) -> None:
-        rows = profile.gpu[profile.gpu[:, 3] == tp] if len(profile.gpu) else profile.gpu
-        if len(rows) == 0:
-            have = sorted({int(t) for t in profile.gpu[:, 3]}) if len(profile.gpu) else []
-            raise ProfileError(f"{profile.path}: no GPU step rows for tp={tp} (have tp {have})")
-        x = np.column_stack([np.ones(len(rows)), rows[:, 0], rows[:, 1], rows[:, 2]])
-        y = rows[:, 4]
-        used = x.any(axis=0)
-        coef = np.zeros(len(FEATURES))
-        coef[used], *_ = np.linalg.lstsq(x[:, used], y, rcond=None)
-        self.coef = coef
+        rows = [r for r in profile.steps if r.tp == tp]
+        if not rows:
+            have = sorted({r.tp for r in profile.steps})
+            raise ProfileError(f"{profile.path}: no step rows for tp={tp} (have tp {have})")
+        fit_rows = [r for r in rows if r.split == "fit"]
+        fits = {
+            g.name: GroupFit.of(g, members)
+            for g in GROUPS
+            if (members := [r for r in fit_rows if g.covers(r.shape)])
+        }
+        if not fits:
+            raise ProfileError(f"{profile.path}: every step row for tp={tp} is held out")
+        self.decode = fits.get("decode") or fits["prefill"]
+        self.prefill = fits.get("prefill") or fits["decode"]
         self.tp = tp
         self.profile = profile.path
-        pred = np.maximum(x @ coef, 0.0)
-        self.fit_error = float(np.max(np.abs(pred - y) / np.maximum(y, 1e-12)))
-        terms = ", ".join(f"{n}={c:.4g}" for n, c in zip(FEATURES, coef, strict=True))
+        holdout = [r for r in rows if r.split == "holdout"]
+        self.errors = {"fit": self.errors_on(fit_rows), "holdout": self.errors_on(holdout)}
         self.provenance = (
-            f"linear fit to {len(rows)} rows (tp={tp}) of {profile.path} [{terms}; "
-            f"max relative error {self.fit_error:.1%}]: {profile.provenance_text()}"
+            f"piecewise-linear fit to {len(fit_rows)} step rows (tp={tp}) of {profile.path}; "
+            f"{self.error_text()}: {profile.provenance_text()}"
         )
+
+    def errors_on(self, rows: list[ProfileRow]) -> dict[str, float | int]:
+        """Relative errors of this model's times for ``rows`` (their medians as truth)."""
+        predicted = np.array([self.step_time(r.shape) for r in rows], dtype=np.float64)
+        return relative_errors(predicted, np.array([r.duration_s for r in rows]))
+
+    def error_text(self) -> str:
+        parts = []
+        for split, e in self.errors.items():
+            if e["rows"]:
+                parts.append(
+                    f"{split} error over {e['rows']} rows: mean {e['mean']:.1%}, "
+                    f"P90 {e['p90']:.1%}, max {e['max']:.1%}"
+                )
+            else:
+                parts.append(f"no {split} rows")
+        return "; ".join(parts)
 
     def step_time(self, shape: StepShape) -> float:
         if shape.prefill_tokens + shape.decode_requests == 0:
             return 0.0
-        c = self.coef
-        t = (
-            c[0]
-            + c[1] * shape.prefill_tokens
-            + c[2] * shape.decode_requests
-            + c[3] * shape.context_tokens
-        )
-        return max(float(t), 0.0)
+        group = self.prefill if shape.prefill_tokens else self.decode
+        return group.time(shape)
 
-    def decode_times(self, batch: int, context_tokens: int, k: int) -> np.ndarray:
-        c = self.coef
-        ctx = context_tokens + batch * np.arange(k, dtype=np.float64)
-        times: np.ndarray = np.maximum(c[0] + c[2] * batch + c[3] * ctx, 0.0)
+    def decode_times(self, batch: int, context_tokens: int, longest: int, k: int) -> np.ndarray:
+        d = self.decode
+        x, extras = d.group.columns([StepShape.decode(batch, context_tokens, longest)])
+        columns = np.repeat(extras, k, axis=0)
+        growth = batch * np.arange(k, dtype=np.float64)
+        for name in GROWING:
+            columns[:, d.group.extras.index(name)] += growth
+        times: np.ndarray = np.maximum(d.fit.predict(np.repeat(x, k), columns), d.floor)
         return times
+
+    def describe(self) -> dict[str, object]:
+        out = super().describe()
+        out["fit"] = {
+            "decode": self.decode.describe(),
+            "prefill": self.prefill.describe(),
+            "errors": self.errors,
+        }
+        return out

@@ -2,7 +2,8 @@
 
 Each stage is a ``*_ms`` column of ``requests.csv``. The stages up to
 ``prefill`` end at the first token, so they make up TTFT; ``decode`` and
-``detokenize`` follow. A missing column (e.g. ``frontend_ms``) counts as zero.
+``detokenize`` follow (the report's decode stage leaves out the detokenizer's
+share of ``decode_ms``). A missing column (e.g. ``frontend_ms``) counts as zero.
 
     arrival ─► frontend ─► tokenizer queue ─► tokenize ─► ipc ─► scheduler wait ─► prefill
             └──────────────────────────────── TTFT ────────────────────────────────────┘
@@ -60,8 +61,17 @@ def _mean(values: np.ndarray) -> float:
 
 
 def stage_means_ms(requests: pd.DataFrame) -> dict[str, float]:
-    """Mean time in ms of each stage over the given requests."""
-    return {s.name: _mean(stage_column(requests, s)) for s in STAGES}
+    """Mean time in ms of each stage over the given requests.
+
+    ``decode_ms`` (first to last token at the client) contains the detokenizer's
+    time for every chunk after the first, which ``detokenize_ms`` counts too; the
+    decode stage here is what is left of it, so that the stages add up to E2E.
+    """
+    means = {s.name: _mean(stage_column(requests, s)) for s in STAGES}
+    decode = stage_column(requests, STAGE_BY_NAME["decode"])
+    detok = stage_column(requests, STAGE_BY_NAME["detokenize"])
+    means["decode"] = _mean(np.maximum(decode - np.nan_to_num(detok), 0.0))
+    return means
 
 
 def stage_shares(requests: pd.DataFrame, total_column: str, ttft_only: bool) -> dict[str, float]:

@@ -1,0 +1,168 @@
+"""``sim validate``: run a trace on a live server and through the simulator, then compare.
+
+    sim validate TRACE --url URL --profile FILE [--repeats 2] --out DIR
+
+1. Read the server: its model and context (``/v1/models``) and its KV pages
+   (``engine_kv_pages_total`` in ``/metrics``). The scheduler's other limits
+   (page size, max running, prefill budget, policy, tokenizer workers) are
+   flags with ``engine serve``'s defaults: give the values the server runs with.
+2. Drop the trace's requests the server cannot take (prompt plus output
+   beyond its context), so both worlds see the same requests.
+3. ``engine bench`` the trace ``--repeats`` times (``real-1/``, ``real-2/``, ...),
+   noting the load average before and after each run.
+4. ``sim replay`` it once with the ``table`` cost model of ``--profile``
+   (``sim/``); the CPU stage costs come from the profile too.
+5. Write ``comparison.json`` (``sim.compare``) and ``report.html`` (real and
+   simulated CDFs and timelines overlaid); every run also writes its own
+   outputs and ``timeline.json``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shlex
+import sys
+from dataclasses import fields, replace
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from sim.compare import compare, format_comparison
+from sim.config import SimConfig, build_config
+from sim.costs import read_profile
+from sim.jsonsafe import json_safe
+from sim.perfetto import TIMELINE_NAME, write_timeline
+from sim.replay import ReplayResult, run_replay, write_outputs
+from sim.traces import Trace, load_trace
+
+if TYPE_CHECKING:
+    from engine.bench.server import ServerInfo
+
+DTYPES = {"float32": "fp32", "bfloat16": "bf16", "float16": "fp16"}
+"""The simulator's name of a profile's ``dtype``."""
+
+
+def add_validate_args(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    p = sub.add_parser("validate", help="compare a live server with its simulation")
+    p.add_argument("trace", type=Path, help="a .jsonl (Mooncake fields) or Azure .csv trace")
+    p.add_argument("--url", required=True, help="the server's base URL")
+    p.add_argument("--profile", required=True, help="profile CSV measured on the server's hardware")
+    p.add_argument("--out", type=Path, required=True, help="output directory")
+    p.add_argument("--repeats", type=int, default=2, help="real runs (noise needs two or more)")
+    p.add_argument("--rate-scale", type=float, default=1.0)
+    p.add_argument("--limit", type=int)
+    p.add_argument("--config", type=Path, help="simulator config file (JSON or TOML)")
+    p.add_argument("--model", help="the simulator's model preset (default: the server's model)")
+    p.add_argument("--tokenizer", help="tokenizer for the prompts (see engine bench)")
+    p.add_argument("--num-pages", type=int, help="KV pages (default: the server's /metrics)")
+    p.add_argument("--page-size", type=int, default=16)
+    p.add_argument("--max-running", type=int, default=256)
+    p.add_argument("--max-prefill-tokens", type=int, default=8192)
+    p.add_argument("--policy", default="fcfs")
+    p.add_argument("--num-tokenizers", type=int, default=1)
+    p.add_argument("--no-report", action="store_true", help="skip the HTML reports")
+    p.add_argument("--no-progress", action="store_true")
+    p.set_defaults(func=cmd_validate)
+
+
+def servable(trace: Trace, max_model_len: int | None) -> tuple[Trace, int]:
+    """``trace`` without the requests whose prompt plus output exceed ``max_model_len``."""
+    if max_model_len is None:
+        return trace, 0
+    keep = [r for r in trace.requests if r.input_length + r.output_length <= max_model_len]
+    return replace(trace, requests=keep), len(trace.requests) - len(keep)
+
+
+def sim_config(args: argparse.Namespace, model: str, num_pages: int) -> SimConfig:
+    """The flags named after a ``SimConfig`` field, the server's model and pages, the
+    profile's ``table`` model and dtype."""
+    flags = {f.name: getattr(args, f.name) for f in fields(SimConfig) if hasattr(args, f.name)}
+    dtype = DTYPES.get(read_profile(args.profile).provenance.get("dtype", ""))
+    flags |= {"model": model, "num_pages": num_pages, "cost_model": "table", "dtype": dtype}
+    return build_config(args.config, **flags)
+
+
+def run_real(args: argparse.Namespace, trace: Trace, info: ServerInfo) -> list[ReplayResult]:
+    """The repeats of ``engine bench``, each written to its directory."""
+    from engine.bench.client import Target
+    from engine.bench.main import format_result, write_bench
+    from engine.bench.prompts import PromptMaker
+    from engine.bench.run import run_bench, tokenizer_for
+
+    tokenizer, folder = tokenizer_for(args.tokenizer, info)
+    maker = PromptMaker(tokenizer)
+    target = Target(info.url, info.model, info.ours)
+    results = []
+    for i in range(1, args.repeats + 1):
+        before = os.getloadavg()[0]
+        result = run_bench(trace, target, maker, progress=not args.no_progress,
+                           config={"server": info.owned_by, "tokenizer": folder})  # fmt: skip
+        after = os.getloadavg()[0]
+        result.summary["bench"]["loadavg_1min"] = {"before": before, "after": after}
+        write_bench(result, args.out / f"real-{i}", report=not args.no_report, timeline=True)
+        print(f"real run {i} (load average {before:.2f} before, {after:.2f} after)")
+        print(format_result(result.summary) + "\n")
+        results.append(result)
+    return results
+
+
+def run_sim(args: argparse.Namespace, trace: Trace, config: SimConfig) -> ReplayResult:
+    result = run_replay(trace, config, progress=not args.no_progress)
+    out = args.out / "sim"
+    write_outputs(result, out, report=not args.no_report)
+    write_timeline(out / TIMELINE_NAME, result.requests, result.steps, "sim replay")
+    return result
+
+
+def command_line(args: argparse.Namespace) -> str:
+    """The ``sim validate`` command with every option spelled out."""
+    parts = ["sim", "validate", str(args.trace)]
+    for key, value in vars(args).items():
+        if key in ("trace", "command", "func") or value is None or value is False:
+            continue
+        flag = "--" + key.replace("_", "-")
+        parts += [flag] if value is True else [flag, str(value)]
+    return shlex.join(parts)
+
+
+def cmd_validate(args: argparse.Namespace) -> int:
+    from engine.bench.server import server_info
+
+    if args.repeats < 1:
+        raise ValueError("--repeats must be >= 1")
+    info = server_info(args.url)
+    num_pages = args.num_pages or info.kv_pages_total
+    if num_pages is None:
+        raise ValueError(f"{info.url} does not report its KV pages; give --num-pages")
+    config = sim_config(args, args.model or info.model, num_pages)
+    trace, dropped = servable(
+        load_trace(args.trace, rate_scale=args.rate_scale, limit=args.limit), info.max_model_len
+    )
+    if not trace.requests:
+        raise ValueError(f"no request of {args.trace} fits the server's context")
+    if dropped:
+        print(f"left out {dropped} requests longer than the server's context", file=sys.stderr)
+    args.out.mkdir(parents=True, exist_ok=True)
+    real = run_real(args, trace, info)
+    sim = run_sim(args, trace, config)
+    comparison = compare([r.summary for r in real], sim.summary)
+    comparison["run"] = {
+        "trace": trace.describe(),
+        "dropped_requests": dropped,
+        "url": info.url,
+        "server_model": info.model,
+        "profile": args.profile,
+        "repeats": args.repeats,
+        "sim_config": config.to_dict(),
+        "command": command_line(args),
+        "loadavg_1min": [r.summary["bench"]["loadavg_1min"] for r in real],
+    }
+    (args.out / "comparison.json").write_text(json.dumps(json_safe(comparison), indent=2) + "\n")
+    if not args.no_report:
+        from sim.validate_report import write_validation_report
+
+        write_validation_report(args.out, comparison, real, sim)
+    print(format_comparison(comparison))
+    print(f"\noutputs in {args.out}/")
+    return 0

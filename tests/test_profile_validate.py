@@ -1,0 +1,125 @@
+"""``engine profile`` on SmolLM2/CPU, prompts of exact lengths, and ``sim validate`` against a
+live server, end to end."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import httpx
+import pytest
+import torch
+from conftest import MODEL, Server
+
+from engine.bench.prompts import PromptMaker
+from engine.profile.main import profile_main
+from sim.cli import main as sim_main
+from sim.costs import TableCostModel, load_cpu_costs, read_profile
+from sim.costs.base import CpuCosts
+from sim.traces import TraceRequest, generate
+
+pytestmark = pytest.mark.slow
+TINY_GRID = [
+    "--prefill-tokens", "16,64", "--prefill-prefixes", "0,32", "--prefill-chunks", "1,2",
+    "--decode-batches", "1,4", "--decode-contexts", "16,64", "--mixed-prefill", "16",
+    "--mixed-batches", "2", "--holdout", "3", "--repeats", "1", "--stage-repeats", "1",
+]  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def profile(model_ready: str, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    out = tmp_path_factory.mktemp("profile") / "cpu_smollm2.csv"
+    argv = ["--model", MODEL, "--cpu-threads", "1", "--num-pages", "256", *TINY_GRID]
+    assert profile_main([*argv, "--out", str(out)]) == 0
+    return out
+
+
+def test_engine_profile_writes_a_valid_profile(profile: Path) -> None:
+    p = read_profile(profile)
+    assert p.provenance["model"].startswith(MODEL) and p.provenance["device"] == "cpu"
+    assert p.provenance["attention_backend"] == "torch" and p.provenance["tp"] == "1"
+    assert "torch" in p.provenance["software"]
+    assert "holdout error over 3" in p.provenance["table_fit"]
+    kinds = {r.kind for r in p.steps}
+    assert kinds == {"prefill", "decode", "mixed"}
+    assert sum(r.split == "holdout" for r in p.steps) == 3
+    assert all(0 < r.min_s <= r.duration_s <= r.max_s < 5 for r in p.steps)
+    assert set(p.cpu) == set(CpuCosts.KINDS)
+    table = TableCostModel(p)
+    assert table.errors["holdout"]["rows"] == 3
+    bigger = max(p.steps, key=lambda r: r.shape.prefill_tokens).shape
+    smaller = min(p.steps, key=lambda r: r.shape.prefill_tokens + r.shape.decode_requests).shape
+    assert table.step_time(bigger) > table.step_time(smaller)
+    cpu = load_cpu_costs(p)
+    assert 0 < cpu.tokenize < 1e-3 and 0 < cpu.stream < 0.05 and cpu.source == str(profile)
+
+
+def test_engine_profile_reports_bad_flags(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit):
+        profile_main(["--model", "no-such-model", "--no-steps", "--out", "/nonexistent/p.csv"])
+    assert "no-such-model" in capsys.readouterr().err
+    if not torch.cuda.is_available():
+        with pytest.raises(SystemExit):
+            profile_main(["--model", MODEL, "--device", "cuda", "--out", "/nonexistent/p.csv"])
+        assert "needs as many CUDA devices" in capsys.readouterr().err
+
+
+def test_prompts_have_exact_lengths_and_shared_blocks(model_ready: str) -> None:
+    from engine.tokenizer.prompt import load_tokenizer
+
+    tokenizer = load_tokenizer(model_ready)
+    maker = PromptMaker(tokenizer)
+    a = TraceRequest("a", 0.0, 1200, 1, hash_ids=(7, 8, 9))
+    b = TraceRequest("b", 0.0, 700, 1, hash_ids=(7, 5))
+    c = TraceRequest("c", 0.0, 33, 1)
+    ids = {r.rid: tokenizer.encode(maker.text(r)) for r in (a, b, c)}
+    assert [len(ids[k]) for k in "abc"] == [1200, 700, 33]
+    assert ids["a"][:512] == ids["b"][:512] and ids["a"][512] != ids["b"][512]
+    assert maker.text(c) == maker.text(c) != maker.text(TraceRequest("d", 0.0, 33, 1))
+
+
+def test_completions_carry_stage_timestamps_on_request(server: Server) -> None:
+    body = {"model": MODEL, "prompt": "Hello there", "max_tokens": 3, "ignore_eos": True,
+            "stream": True, "return_meta_info": True}  # fmt: skip
+    chunks = []
+    with httpx.stream("POST", f"{server.url}/v1/completions", json=body, timeout=60) as reply:
+        for line in reply.iter_lines():
+            if line.startswith("data: {"):
+                chunks.append(json.loads(line[6:]))
+    last = chunks[-1]
+    assert last["choices"][0]["finish_reason"] == "length"
+    meta = last["meta_info"]
+    assert meta["received"] <= meta["tokenized"] <= meta["first_scheduled"] <= meta["finished"]
+    assert len(meta["token_times"]) == 3 and "meta_info" not in chunks[0]
+    url = f"{server.url}/v1/completions"
+    plain = httpx.post(url, json=body | {"stream": False}, timeout=60).json()
+    assert plain["meta_info"]["completion_tokens"] == 3
+    body |= {"return_meta_info": False, "stream": False}
+    assert "meta_info" not in httpx.post(url, json=body, timeout=60).json()
+
+
+def test_sim_validate_end_to_end(server: Server, profile: Path, tmp_path: Path) -> None:
+    trace = tmp_path / "short.jsonl"
+    generate(trace, arrival="poisson", rate=4.0, input_spec="uniform:8:64",
+             output_spec="uniform:2:8", num=6, seed=11)  # fmt: skip
+    out = tmp_path / "validate"
+    args = ["validate", str(trace), "--url", server.url, "--profile", str(profile),
+            "--repeats", "2", "--out", str(out), "--no-progress"]  # fmt: skip
+    assert sim_main(args) == 0
+    comparison = json.loads((out / "comparison.json").read_text())
+    for key in ("ttft_ms", "tpot_ms", "itl_ms", "e2e_ms"):
+        for q in ("mean", "p50", "p90", "p99"):
+            e = comparison[key][q]
+            assert e["real"] > 0 and e["sim"] > 0 and len(e["real_runs"]) == 2
+            assert e["rel_err"] == pytest.approx(e["sim"] / e["real"] - 1)
+            assert e["noise"] is not None
+    assert comparison["run"]["sim_config"]["num_pages"] == 1024  # read from /metrics
+    assert comparison["run"]["profile"] == str(profile)
+    for run in ("real-1", "real-2", "sim"):
+        summary = json.loads((out / run / "summary.json").read_text())
+        assert summary["completed"] == 6
+        timeline = json.loads((out / run / "timeline.json").read_text())
+        assert any(e["ph"] == "X" and e["pid"] == 2 for e in timeline["traceEvents"])
+    real = json.loads((out / "real-1" / "summary.json").read_text())
+    assert real["bench"]["server_timestamps"] and real["bench"]["prompt_length_mismatches"] == 0
+    assert (out / "report.html").stat().st_size > 100_000

@@ -1,0 +1,156 @@
+"""The ``table`` cost model's fit: step shapes, extrapolation, held-out error, decode runs."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from engine.profile.grid import StepPoint, cuda_batches
+from sim.costs import StepShape, TableCostModel
+from sim.costs.fit import PiecewiseFit, relative_errors
+from sim.costs.profile import Profile, ProfileRow
+
+
+def bucketed(batch: int, context: int) -> float:
+    """A CUDA-graph-like decode time: padded to the next multiple of 8, plus KV reads."""
+    padded = batch if batch <= 8 else 8 * math.ceil(batch / 8)
+    return 2e-3 + 5e-5 * padded + 1e-9 * context
+
+
+def prefill_time(shape: StepShape) -> float:
+    return 3e-3 + 2e-5 * shape.prefill_tokens + 4e-11 * shape.prefill_attention
+
+
+def row(shape: StepShape, t: float, split: str = "fit") -> ProfileRow:
+    return ProfileRow(ProfileRow.step_kind(shape), shape, 1, t, t, t, 3, split)
+
+
+def shape_of(point: StepPoint) -> StepShape:
+    return StepShape.of_plan(point.plan(16))
+
+
+def decode_profile(batches: tuple[int, ...], holdout: list[tuple[int, int]]) -> Profile:
+    rows = []
+    for b in batches:
+        for ctx in (256, 4096):
+            rows.append(row(shape_of(StepPoint((), (ctx,) * b)), bucketed(b, b * (ctx + 1))))
+    for b, ctx in holdout:
+        shape = shape_of(StepPoint((), (ctx,) * b))
+        rows.append(row(shape, bucketed(b, b * (ctx + 1)), "holdout"))
+    return Profile("synthetic.csv", {"hardware": "synthetic"}, rows)
+
+
+def test_decode_fit_follows_cuda_graph_buckets() -> None:
+    rng = np.random.default_rng(0)
+    holdout = [(int(rng.integers(1, 129)), int(rng.integers(256, 4097))) for _ in range(40)]
+    table = TableCostModel(decode_profile(cuda_batches(128), holdout))
+    assert table.errors["holdout"]["rows"] == 40
+    assert table.errors["holdout"]["max"] < 1e-6
+    # a step between bucket edges costs the bucket's time, not a linear blend
+    assert table.step_time(shape_of(StepPoint((), (1000,) * 17))) == pytest.approx(
+        bucketed(17, 17 * 1001), rel=1e-6
+    )
+    # with only the bucket sizes measured, the steps blur: the held-out error shows it
+    coarse = TableCostModel(decode_profile((1, 8, 32, 64, 128), holdout))
+    assert coarse.errors["holdout"]["max"] > 0.05
+
+
+def test_prefill_fit_separates_tokens_from_attention() -> None:
+    rows = []
+    for tokens in (16, 64, 256, 1024, 4096):
+        for chunks in (1, 4):
+            for prefix in (0, 2048):
+                shape = shape_of(StepPoint(((prefix, tokens // chunks),) * chunks, ()))
+                rows.append(row(shape, prefill_time(shape)))
+    table = TableCostModel(Profile("p.csv", {}, rows))
+    long_prefix = shape_of(StepPoint(((6000, 3000),), ()))
+    assert table.step_time(long_prefix) == pytest.approx(prefill_time(long_prefix), rel=1e-6)
+    # beyond the largest measured step the last segment's slope continues
+    big = shape_of(StepPoint(((0, 8192),), ()))
+    assert table.step_time(big) == pytest.approx(prefill_time(big), rel=1e-6)
+    # a profile without decode rows prices decode steps with the prefill fit
+    assert table.step_time(StepShape.decode(4, 400, 100)) > 0
+
+
+def test_holdout_rows_stay_out_of_the_fit() -> None:
+    good = decode_profile((1, 2, 4, 8, 16), [])
+    wild = row(shape_of(StepPoint((), (300,) * 3)), 1.0, "holdout")
+    table = TableCostModel(Profile("p.csv", {}, [*good.steps, wild]))
+    assert table.step_time(wild.shape) == pytest.approx(bucketed(3, 3 * 301), rel=1e-6)
+    assert table.errors["holdout"]["max"] > 0.9
+    assert "holdout error over 1 rows" in table.provenance
+
+
+def test_times_below_the_grid_are_floored() -> None:
+    table = TableCostModel(decode_profile((4, 8, 16), []))
+    fastest = min(r.duration_s for r in decode_profile((4, 8, 16), []).steps)
+    assert table.step_time(StepShape.decode(1, 10, 10)) >= fastest
+
+
+def test_relative_errors_arithmetic() -> None:
+    e = relative_errors(np.array([1.1, 0.9, 2.0, 1.0]), np.array([1.0, 1.0, 1.0, 1.0]))
+    assert e["rows"] == 4
+    assert e["mean"] == pytest.approx((0.1 + 0.1 + 1.0 + 0.0) / 4)
+    assert e["max"] == pytest.approx(1.0)
+    assert math.isnan(relative_errors(np.array([]), np.array([]))["mean"])
+
+
+def test_piecewise_fit_interpolates_its_knots_exactly() -> None:
+    x = np.array([1.0, 2.0, 5.0, 9.0])
+    y = np.array([1.0, 3.0, 2.0, 6.0])
+    fit = PiecewiseFit.fit(x, np.zeros((4, 0)), y)
+    np.testing.assert_allclose(fit.predict(x, np.zeros((4, 0))), y, rtol=1e-9)
+    assert fit.predict_one(3.5, ()) == pytest.approx(2.5)
+    assert fit.predict_one(0.0, ()) == pytest.approx(1.0)  # flat below the grid
+    assert fit.predict_one(13.0, ()) == pytest.approx(10.0)  # last slope above it
+    with pytest.raises(ValueError, match="must be > 0"):
+        PiecewiseFit.fit(x, np.zeros((4, 0)), np.array([1.0, 0.0, 1.0, 1.0]))
+
+
+def padded_time(shape: StepShape) -> float:
+    """A decode kernel that pads its batch to the longest request (the torch backend)."""
+    return 1e-3 + 2e-4 * shape.decode_requests + 3e-8 * shape.decode_padded
+
+
+def test_decode_fit_tells_padding_from_context() -> None:
+    grid = [StepPoint((), ctx) for b in (1, 4, 16) for ctx in ((100,) * b, (3000,) * b)]
+    grid += [StepPoint((), (3000,) + (100,) * (b - 1)) for b in (4, 16)]
+    padded = [row(shape_of(p), padded_time(shape_of(p))) for p in grid]
+    paged = [row(shape_of(p), bucketed(len(p.decode), shape_of(p).decode_context)) for p in grid]
+    ragged = shape_of(StepPoint((), (2500, 40, 90, 700, 1200, 60, 300, 10)))
+    table = TableCostModel(Profile("torch.csv", {}, padded))
+    assert table.step_time(ragged) == pytest.approx(padded_time(ragged), rel=1e-6)
+    table = TableCostModel(Profile("paged.csv", {}, paged))
+    assert table.step_time(ragged) == pytest.approx(bucketed(8, ragged.decode_context), rel=1e-6)
+
+
+@settings(max_examples=30, deadline=None)
+@given(
+    batches=st.lists(st.integers(2, 300), min_size=1, max_size=8, unique=True),
+    noise=st.lists(st.floats(0.5, 2.0), min_size=24, max_size=24),
+    batch=st.integers(1, 400),
+    context=st.integers(1, 2000),
+    extra=st.integers(0, 5000),
+    k=st.integers(1, 50),
+)
+def test_decode_runs_equal_single_steps(
+    batches: list[int], noise: list[float], batch: int, context: int, extra: int, k: int
+) -> None:
+    rows = []
+    for i, b in enumerate(sorted(batches)):
+        for j, ctx in enumerate(((100,) * b, (3000,) * b, (3000,) + (100,) * (b - 1))):
+            shape = shape_of(StepPoint((), ctx))
+            rows.append(row(shape, padded_time(shape) * noise[3 * i + j]))
+    table = TableCostModel(Profile("p.csv", {}, rows))
+    longest = context + extra
+    total = context * batch + extra
+    run = table.decode_times(batch, total, longest, k)
+    single = [
+        table.step_time(StepShape.decode(batch, total + i * batch, longest + i)) for i in range(k)
+    ]
+    np.testing.assert_allclose(run, single, rtol=1e-9)
+    assert np.all(run > 0)
