@@ -77,7 +77,7 @@ def test_front_times_equal_simpy(
     arrivals = np.cumsum(gaps) * 1.37
     requests = [TraceRequest(f"r{i}", float(a), lengths[i], 1) for i, a in enumerate(arrivals)]
     cpu = CpuCosts(frontend=frontend, tokenize=9e-7, detokenize=4e-6, ipc=2.6e-5, schedule=0.0,
-                   schedule_request=1.6e-6, stream=0.0, source="test", provenance="test")  # fmt: skip
+                   schedule_request=1.6e-6, stream=0.0, source="t", provenance="t")  # fmt: skip
     got = front_times(requests, cpu, workers)
     want, queues = _simpy_front(requests, cpu, workers)
     for name, values in want.items():
