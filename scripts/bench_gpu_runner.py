@@ -172,6 +172,8 @@ def main() -> None:
     ap.add_argument("--no-cuda-graph", action="store_true")
     ap.add_argument("--tp", type=int, default=1, help="tensor-parallel degree (NCCL)")
     ap.add_argument("--skip-prefill", action="store_true")
+    ap.add_argument("--batches", default="1,16,64,256", help="decode batch sizes")
+    ap.add_argument("--contexts", default="1024,4096", help="decode contexts")
     args = ap.parse_args()
     copy = copy_bandwidth(4 << 30)
     mm = matmul_flops(8192)
@@ -214,8 +216,8 @@ def main() -> None:
         "decode": [],
         "prefill": [],
     }
-    for context in (1024, 4096):
-        for batch in (1, 16, 64, 256):
+    for context in (int(c) for c in args.contexts.split(",")):
+        for batch in (int(b) for b in args.batches.split(",")):
             pages = batch * -(-(context + 50) // PAGE)
             if pages > runner.num_pages:
                 result["decode"].append(

@@ -5,7 +5,7 @@
 #   there:  bash scripts/gpu_suite.sh OUT_DIR [PART ...]     (carry .gpu; OUT_DIR e.g. $OUT)
 #
 # Parts (default: all, in this order; each bounded by its own timeout):
-#   probe     where decode-graph capture spends its time
+#   probe     where decode-graph capture spends its time (with and without PDL)
 #   tests     tests/test_gpu_engine.py (the TP=2 test needs two GPUs)
 #   runner    decode step time and prefill MFU, Llama-3.1-8B shape (TP=2 too on two GPUs)
 #   overlap   idle GPU time between decode steps, overlap on and off
@@ -29,14 +29,17 @@ run() {  # run NAME SECONDS CMD...: the command's output to OUT_DIR/NAME.log, it
 }
 for part in $parts; do
     case $part in
-    probe) run probe 150 python3 scripts/gpu_capture_probe.py --max-bs 16 ;;
+    probe)
+        run probe 120 python3 scripts/gpu_capture_probe.py --max-bs 16
+        run probe_no_pdl 120 python3 scripts/gpu_capture_probe.py --max-bs 16 --no-pdl
+        ;;
     tests) run tests 420 python3 -m pytest -q -x -p no:cacheprovider tests/test_gpu_engine.py ;;
     runner)
         run runner 300 python3 scripts/bench_gpu_runner.py --out "$out/runner_llama8b.json" \
             --profile-dir "$out"
         if [ "$gpus" -ge 2 ]; then
             run runner_tp2 300 python3 scripts/bench_gpu_runner.py --tp 2 --skip-prefill \
-                --out "$out/runner_llama8b_tp2.json"
+                --batches 1,16,64,256 --contexts 1024 --out "$out/runner_llama8b_tp2.json"
         fi
         ;;
     overlap) run overlap 300 python3 scripts/bench_gpu_overlap.py --out "$out/overlap.json" ;;
@@ -51,7 +54,8 @@ for part in $parts; do
         ;;
     profile)
         run profile 400 python3 -m engine.cli profile --model llama-3.1-8b --dummy-weights \
-            --device cuda --max-seconds 300 --out "$out/h200_llama-3.1-8b.csv"
+            --tokenizer .gpu/tokenizer --device cuda --max-seconds 240 \
+            --out "$out/h200_llama-3.1-8b.csv"
         ;;
     *) echo "unknown part $part" ;;
     esac
