@@ -7,15 +7,17 @@
 # Parts (default: all, in this order; each bounded by its own timeout):
 #   probe     where decode-graph capture spends its time (with and without PDL)
 #   tests     tests/test_gpu_engine.py (the TP=2 test needs two GPUs)
-#   runner    decode step time and prefill MFU, Llama-3.1-8B shape (TP=2 too on two GPUs)
+#   runner    decode step time and prefill MFU, Llama-3.1-8B shape
+#   runner_tp2  decode step time at TP=2 over NCCL (two GPUs)
 #   overlap   idle GPU time between decode steps, overlap on and off
 #   serve     the offline workload over HTTP: Llama-3.1-8B (overlap on and off), Qwen3-0.6B
 #   profile   `engine profile` of the Llama-3.1-8B shape -> OUT_DIR/h200_llama-3.1-8b.csv
 # Each part writes its JSON/log files into OUT_DIR; the last lines of each log are printed.
+# On the lent machine only 8 files come back: run it on a scratch folder and tar that into $OUT.
 set -u
 out=${1:?usage: gpu_suite.sh OUT_DIR [PART ...]}
 shift
-parts=${*:-probe tests runner overlap serve profile}
+parts=${*:-probe tests runner runner_tp2 overlap serve profile}
 mkdir -p "$out"
 source scripts/gpu_env.sh || exit 1
 gpus=$(python3 -c "import torch; print(torch.cuda.device_count())")
@@ -37,9 +39,13 @@ for part in $parts; do
     runner)
         run runner 300 python3 scripts/bench_gpu_runner.py --out "$out/runner_llama8b.json" \
             --profile-dir "$out"
+        ;;
+    runner_tp2)
         if [ "$gpus" -ge 2 ]; then
             run runner_tp2 300 python3 scripts/bench_gpu_runner.py --tp 2 --skip-prefill \
                 --batches 1,16,64,256 --contexts 1024 --out "$out/runner_llama8b_tp2.json"
+        else
+            echo "runner_tp2: needs two GPUs, $gpus here"
         fi
         ;;
     overlap) run overlap 300 python3 scripts/bench_gpu_overlap.py --out "$out/overlap.json" ;;
