@@ -28,7 +28,7 @@ from engine.runner import ModelRunner, RunnerArgs, StepInputs
 from engine.runner.tp import TPLeader, decode_step, encode_step, follower_main
 from engine.sampling import SamplingParams
 from engine.scheduler import DecodeSlot, Plan, PrefillChunk, SchedulerConfig
-from engine.scheduler_proc.engine import Engine, LaunchFn
+from engine.scheduler_proc.engine import Engine, Launched, LaunchFn
 
 torch.set_num_threads(1)
 
@@ -64,14 +64,20 @@ def test_step_wire_roundtrip() -> None:
     assert decode_step(encode_step(plan, inputs)) == (plan, inputs)
 
 
-def _generate(launch: LaunchFn, prompts: list[list[int]]) -> dict[str, list[int]]:
+def _generate(
+    launch: LaunchFn, prompts: list[list[int]], overlap: bool = False
+) -> dict[str, list[int]]:
+    """Greedy tokens through the real scheduler; with ``overlap`` step N+1 is launched before
+    step N is finished, so the ranks read decode inputs from their own last samples."""
     engine = Engine(SchedulerConfig(num_pages=64, max_prefill_tokens=24), launch, [2])
     greedy = SamplingParams(temperature=0.0, max_new_tokens=12)
     for i, ids in enumerate(prompts):
         engine.add(TokenizedRequest(f"r{i}", ids, greedy, 0.0, 0.0))
     out: dict[str, list[int]] = {}
-    while engine.has_work():
-        for item in engine.step():
+    in_flight: Launched | None = None
+    while engine.has_work() or in_flight is not None:
+        items, in_flight, _ = engine.advance(in_flight, overlap)
+        for item in items:
             out.setdefault(item.rid, []).extend(item.token_ids)
     return out
 
@@ -122,6 +128,7 @@ def test_tp4_greedy_equals_tp1(tmp_path: Path) -> None:
     with tp_leader(args) as leader:
         assert leader.runner.kv.num_kv_heads == 1
         assert _generate(leader.launch, prompts) == expected
+        assert _generate(leader.launch, prompts, overlap=True) == expected
 
 
 def _leader_then_hang(args: RunnerArgs, ready: Path) -> None:
