@@ -176,33 +176,9 @@ def hf_generate(
 
 
 def hf_model(c: ModelConfig) -> Any:
-    from transformers import AutoModelForCausalLM, LlamaConfig, Qwen3Config
+    from transformers import AutoConfig, AutoModelForCausalLM
 
-    common = dict(
-        hidden_size=c.hidden_size,
-        intermediate_size=c.intermediate_size,
-        num_hidden_layers=c.num_layers,
-        num_attention_heads=c.num_heads,
-        num_key_value_heads=c.num_kv_heads,
-        head_dim=c.head_dim,
-        vocab_size=c.vocab_size,
-        max_position_embeddings=c.max_position_embeddings,
-        rms_norm_eps=c.rms_norm_eps,
-        tie_word_embeddings=c.tie_word_embeddings,
-        eos_token_id=None,
-        pad_token_id=0,
-    )
-    rope: dict[str, Any] = {"rope_type": c.rope_scaling.rope_type, "rope_theta": c.rope_theta}
-    if c.rope_scaling.rope_type == "llama3":
-        s = c.rope_scaling
-        rope.update(
-            factor=s.factor,
-            low_freq_factor=s.low_freq_factor,
-            high_freq_factor=s.high_freq_factor,
-            original_max_position_embeddings=s.original_max_position_embeddings,
-        )
-    kind = Qwen3Config if c.model_type == "qwen3" else LlamaConfig
-    config = kind(**common, rope_parameters=rope)
+    config = AutoConfig.for_model(**c.to_hf() | {"eos_token_id": None, "pad_token_id": 0})
     with torch.device("cuda"):
         return AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16).eval()
 

@@ -40,7 +40,7 @@ def build(part: str) -> None:
     elif part == "rope":
         q = torch.randn(4, 2, 128, dtype=x.dtype, device=dev)
         cache = torch.randn(16, 128, dtype=torch.float32, device=dev)
-        ops.rotary(torch.arange(4, device=dev), q, q.clone(), cache, 128)
+        ops.rotary(torch.arange(4, device=dev), q, q.clone(), cache)
     else:
         pool = KVPool(1, 4, 16, 2, 128, torch.bfloat16, dev)
         attn = FlashInferAttention(pool, 4, 128**-0.5)

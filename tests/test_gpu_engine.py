@@ -181,23 +181,10 @@ def test_greedy_generation_matches_torch_backend(reference: ModelRunner) -> None
 
 
 def _hf_model(runner: ModelRunner) -> Any:
-    from transformers import AutoModelForCausalLM, Qwen3Config
+    from transformers import AutoConfig, AutoModelForCausalLM
 
-    c = runner.config
-    config = Qwen3Config(
-        hidden_size=c.hidden_size,
-        intermediate_size=c.intermediate_size,
-        num_hidden_layers=c.num_layers,
-        num_attention_heads=c.num_heads,
-        num_key_value_heads=c.num_kv_heads,
-        head_dim=c.head_dim,
-        vocab_size=c.vocab_size,
-        max_position_embeddings=c.max_position_embeddings,
-        rms_norm_eps=c.rms_norm_eps,
-        rope_parameters={"rope_type": "default", "rope_theta": c.rope_theta},
-        tie_word_embeddings=True,
-        eos_token_id=None,
-        pad_token_id=0,
+    config = AutoConfig.for_model(
+        **runner.config.to_hf() | {"eos_token_id": None, "pad_token_id": 0}
     )
     with torch.device("cuda"):
         hf: Any = AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16).eval()

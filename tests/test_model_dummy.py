@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 import torch
 
-from engine.models.config import PRESETS, get_preset
+from engine.models.config import PRESETS, ModelConfig, get_preset
 from engine.models.llama import LlamaForCausalLM
 from engine.runner import ModelRunner, RunnerArgs, StepInputs
 from engine.sampling import SamplingParams
@@ -31,6 +31,12 @@ def test_real_shape_presets(name: str, billions: float) -> None:
     if name == "qwen3-0.6b":
         layer: Any = model.model.layers[0]
         assert layer.self_attn.q_norm is not None
+
+
+@pytest.mark.parametrize("name", sorted(PRESETS))
+def test_presets_round_trip_through_hf_config_keys(name: str) -> None:
+    config = get_preset(name)
+    assert ModelConfig.from_hf(config.to_hf()) == config
 
 
 def test_unknown_preset_is_a_clear_error() -> None:

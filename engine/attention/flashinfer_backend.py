@@ -73,10 +73,18 @@ class FlashInferAttention(AttentionBackend):
         self._planned = torch.cuda.Event()  # type: ignore[no-untyped-call]
         self._planned.record()
 
-    def prepare(self, meta: AttentionMetadata) -> None:
+    def _plan(
+        self,
+        wrapper: Any,
+        meta: AttentionMetadata,
+        out_slots: torch.Tensor,
+        *lead: Any,
+        **extra: Any,
+    ) -> None:
+        """Plan ``wrapper`` for ``meta`` (host-side) and point ``forward`` at it."""
         self._before_plan()
-        self.prefill.plan(
-            meta.qo_indptr,
+        wrapper.plan(
+            *lead,
             meta.kv_indptr,
             meta.kv_indices,
             meta.last_page_len,
@@ -84,16 +92,19 @@ class FlashInferAttention(AttentionBackend):
             self.pool.num_kv_heads,
             self.pool.head_dim,
             meta.page_size,
-            causal=True,
             sm_scale=self.scale,
             q_data_type=self.pool.dtype,
             kv_data_type=self.pool.dtype,
             non_blocking=True,
             seq_lens=meta.kv_lens,
+            **extra,
         )
         self._after_plan()
-        self.wrapper = self.prefill
-        self.out_slots = meta.out_slots
+        self.wrapper = wrapper
+        self.out_slots = out_slots
+
+    def prepare(self, meta: AttentionMetadata) -> None:
+        self._plan(self.prefill, meta, meta.out_slots, meta.qo_indptr, causal=True)
 
     def init_graphs(self, batch_sizes: list[int], max_pages: int) -> None:
         max_bs = max(batch_sizes)
@@ -113,25 +124,7 @@ class FlashInferAttention(AttentionBackend):
             self.graph_wrappers[bs] = wrapper
 
     def prepare_graph(self, bs: int, meta: AttentionMetadata, out_slots: torch.Tensor) -> None:
-        wrapper = self.graph_wrappers[bs]
-        self._before_plan()
-        wrapper.plan(
-            meta.kv_indptr,
-            meta.kv_indices,
-            meta.last_page_len,
-            self.num_q_heads,
-            self.pool.num_kv_heads,
-            self.pool.head_dim,
-            meta.page_size,
-            sm_scale=self.scale,
-            q_data_type=self.pool.dtype,
-            kv_data_type=self.pool.dtype,
-            non_blocking=True,
-            seq_lens=meta.kv_lens,
-        )
-        self._after_plan()
-        self.wrapper = wrapper
-        self.out_slots = out_slots
+        self._plan(self.graph_wrappers[bs], meta, out_slots)
 
     def forward(
         self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor

@@ -141,6 +141,39 @@ class ModelConfig:
             dtype=dtype,
         )
 
+    def to_hf(self) -> dict[str, Any]:
+        """The HF config.json keys of this config (``from_hf`` reads them back)."""
+        s = self.rope_scaling
+        rope: dict[str, Any] = {"rope_type": s.rope_type, "rope_theta": self.rope_theta}
+        if s.rope_type == "llama3":
+            rope |= {
+                "factor": s.factor,
+                "low_freq_factor": s.low_freq_factor,
+                "high_freq_factor": s.high_freq_factor,
+                "original_max_position_embeddings": s.original_max_position_embeddings,
+            }
+        out: dict[str, Any] = {
+            "model_type": self.model_type,
+            "hidden_size": self.hidden_size,
+            "num_hidden_layers": self.num_layers,
+            "num_attention_heads": self.num_heads,
+            "num_key_value_heads": self.num_kv_heads,
+            "head_dim": self.head_dim,
+            "intermediate_size": self.intermediate_size,
+            "vocab_size": self.vocab_size,
+            "max_position_embeddings": self.max_position_embeddings,
+            "rms_norm_eps": self.rms_norm_eps,
+            "tie_word_embeddings": self.tie_word_embeddings,
+            "rope_parameters": rope,
+            "mlp_bias": self.mlp_bias,
+            "eos_token_id": list(self.eos_token_ids) or None,
+            "bos_token_id": self.bos_token_id,
+            "dtype": self.dtype,
+        }
+        if self.model_type in ("llama", "mistral"):
+            out["attention_bias"] = self.qkv_bias
+        return out
+
     @staticmethod
     def from_dir(path: str | Path) -> ModelConfig:
         """Read ``config.json`` (and the EOS ids of ``generation_config.json``) of a folder."""

@@ -15,6 +15,7 @@ each norm fuses the residual add (``RMSNorm.add_forward``).
 from __future__ import annotations
 
 from collections.abc import Iterator
+from typing import NamedTuple
 
 import torch
 import torch.nn.functional as F
@@ -36,17 +37,21 @@ from engine.models.rotary import cos_sin_cache
 MAX_ROTARY_POSITIONS = 131072
 
 
+class Build(NamedTuple):
+    """What every module of the model is built from: the shape, this rank's place in the
+    tensor-parallel group, the elementwise kernels, and where the weights live."""
+
+    config: ModelConfig
+    tp: TPInfo
+    ops: TorchOps
+    dtype: torch.dtype
+    device: torch.device
+
+
 class LlamaAttention(nn.Module):
-    def __init__(
-        self,
-        config: ModelConfig,
-        layer: int,
-        tp: TPInfo,
-        ops: TorchOps,
-        dtype: torch.dtype,
-        device: torch.device,
-    ) -> None:
+    def __init__(self, b: Build, layer: int) -> None:
         super().__init__()
+        config, tp, ops, dtype, device = b
         self.layer_id = layer
         self.ops = ops
         shard = head_partition(config.num_heads, config.num_kv_heads, tp.size, tp.rank)
@@ -91,7 +96,7 @@ class LlamaAttention(nn.Module):
         v = qkv[:, k_end:].view(t, self.num_kv, d)
         if self.q_norm is not None and self.k_norm is not None:
             q, k = self.q_norm(q), self.k_norm(k)
-        q, k = self.ops.rotary(positions, q, k, cos_sin, d)
+        q, k = self.ops.rotary(positions, q, k, cos_sin)
         o = attn.forward(self.layer_id, q, k, v)
         out: torch.Tensor = self.o_proj(o.reshape(t, self.num_q * d))
         return out
@@ -100,15 +105,9 @@ class LlamaAttention(nn.Module):
 class LlamaMLP(nn.Module):
     """SwiGLU: ``down(silu(gate(x)) * up(x))`` with the intermediate dimension split."""
 
-    def __init__(
-        self,
-        config: ModelConfig,
-        tp: TPInfo,
-        ops: TorchOps,
-        dtype: torch.dtype,
-        device: torch.device,
-    ) -> None:
+    def __init__(self, b: Build) -> None:
         super().__init__()
+        config, tp, ops, dtype, device = b
         self.ops = ops
         h, full, bias = config.hidden_size, config.intermediate_size, config.mlp_bias
         start, size = split_range(full, tp.size, tp.rank)
@@ -124,21 +123,14 @@ class LlamaMLP(nn.Module):
 
 
 class LlamaDecoderLayer(nn.Module):
-    def __init__(
-        self,
-        config: ModelConfig,
-        layer: int,
-        tp: TPInfo,
-        ops: TorchOps,
-        dtype: torch.dtype,
-        device: torch.device,
-    ) -> None:
+    def __init__(self, b: Build, layer: int) -> None:
         super().__init__()
+        config, ops, dtype, device = b.config, b.ops, b.dtype, b.device
         eps, h = config.rms_norm_eps, config.hidden_size
         self.input_layernorm = RMSNorm(h, eps, ops, dtype, device)
-        self.self_attn = LlamaAttention(config, layer, tp, ops, dtype, device)
+        self.self_attn = LlamaAttention(b, layer)
         self.post_attention_layernorm = RMSNorm(h, eps, ops, dtype, device)
-        self.mlp = LlamaMLP(config, tp, ops, dtype, device)
+        self.mlp = LlamaMLP(b)
 
     def forward(
         self,
@@ -160,22 +152,14 @@ class LlamaDecoderLayer(nn.Module):
 
 
 class LlamaModel(nn.Module):
-    def __init__(
-        self,
-        config: ModelConfig,
-        tp: TPInfo,
-        ops: TorchOps,
-        dtype: torch.dtype,
-        device: torch.device,
-    ) -> None:
+    def __init__(self, b: Build) -> None:
         super().__init__()
+        config, ops, dtype, device = b.config, b.ops, b.dtype, b.device
         self.embed_tokens = nn.Embedding(
             config.vocab_size, config.hidden_size, dtype=dtype, device=device
         )
         self.embed_tokens.weight.requires_grad_(False)
-        self.layers = nn.ModuleList(
-            LlamaDecoderLayer(config, i, tp, ops, dtype, device) for i in range(config.num_layers)
-        )
+        self.layers = nn.ModuleList(LlamaDecoderLayer(b, i) for i in range(config.num_layers))
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps, ops, dtype, device)
 
 
@@ -195,7 +179,7 @@ class LlamaForCausalLM(nn.Module):
         self.tp = tp or TPInfo()
         self.dtype = dtype
         device = torch.device(device)
-        self.model = LlamaModel(config, self.tp, ops or TorchOps(), dtype, device)
+        self.model = LlamaModel(Build(config, self.tp, ops or TorchOps(), dtype, device))
         self.lm_head: nn.Linear | None = None
         if not config.tie_word_embeddings:
             self.lm_head = nn.Linear(

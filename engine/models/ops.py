@@ -41,15 +41,10 @@ class TorchOps:
         return F.silu(x[..., :half]) * x[..., half:]
 
     def rotary(
-        self,
-        positions: torch.Tensor,
-        q: torch.Tensor,
-        k: torch.Tensor,
-        cos_sin: torch.Tensor,
-        head_dim: int,
+        self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor, cos_sin: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """``q`` ``[T, Hq, D]`` and ``k`` ``[T, Hk, D]`` rotated; may reuse their storage."""
-        half = head_dim // 2
+        half = q.shape[-1] // 2
         rows = cos_sin.index_select(0, positions)
         cos = rows[:, :half].repeat(1, 2).to(q.dtype)[:, None, :]
         sin = rows[:, half:].repeat(1, 2).to(q.dtype)[:, None, :]
@@ -99,16 +94,11 @@ class FlashInferOps(TorchOps):
         return out
 
     def rotary(
-        self,
-        positions: torch.Tensor,
-        q: torch.Tensor,
-        k: torch.Tensor,
-        cos_sin: torch.Tensor,
-        head_dim: int,
+        self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor, cos_sin: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor]:
         # in place; q and k may be strided views of the fused QKV output (last dim contiguous)
         self.fi.rope.apply_rope_with_cos_sin_cache_inplace(
-            positions, q.view(q.shape[0], -1), k.view(k.shape[0], -1), head_dim, cos_sin, True
+            positions, q.view(q.shape[0], -1), k.view(k.shape[0], -1), q.shape[-1], cos_sin, True
         )
         return q, k
 
