@@ -14,7 +14,9 @@ The workload roofline: prefill at the measured bf16 matmul rate (2 FLOPs per
 matmul parameter per prompt token, attention 4 * heads * head_dim per causal
 query-key pair), and each decode step reading every weight but the embedding
 table plus the live KV at the measured copy bandwidth, all requests starting
-together. The same run times HF transformers ``generate`` (the same dummy
+together. With ``--tp N`` the server runs N tensor-parallel GPUs and the
+roofline is that of N GPUs, each doing 1/N of the work (the all-reduces cost
+nothing in it). The same run times HF transformers ``generate`` (the same dummy
 weights, bf16, batches of ``--hf-batch`` prompts of the workload, left padded)
 after the server has stopped.
 """
@@ -53,8 +55,9 @@ def workload() -> list[tuple[list[int], int]]:
 
 
 def roofline(
-    config: ModelConfig, reqs: list[tuple[list[int], int]], bw: float, peak: float
+    config: ModelConfig, reqs: list[tuple[list[int], int]], bw: float, peak: float, gpus: int
 ) -> dict[str, float]:
+    """Seconds at the ceilings of ``gpus`` GPUs, each doing 1/gpus of the work (all-reduce free)."""
     c = config
     h, d = c.hidden_size, c.head_dim
     linear = c.num_layers * (
@@ -71,11 +74,12 @@ def roofline(
             for p, _ in reqs
         )
         / peak
+        / gpus
     )
     decode = 0.0
     for step in range(max(out for _, out in reqs)):
         live = sum(len(p) + step for p, out in reqs if out > step)
-        decode += (weights + live * kv) / bw
+        decode += (weights + live * kv) / bw / gpus
     tokens = sum(out for _, out in reqs)
     return {"prefill_s": prefill, "decode_s": decode, "tokens_per_s": tokens / (prefill + decode)}
 
@@ -118,6 +122,8 @@ def start_server(args: argparse.Namespace, log: Path) -> tuple[subprocess.Popen[
         str(args.port),
         "--max-running",
         "256",
+        "--tp",
+        str(args.tp),
         *args.serve_args,
     ]
     proc = subprocess.Popen(
@@ -189,6 +195,7 @@ def main() -> None:
     ap.add_argument("--tokenizer", default=".gpu/tokenizer")
     ap.add_argument("--port", type=int, default=18100)
     ap.add_argument("--out", type=Path, required=True)
+    ap.add_argument("--tp", type=int, default=1, help="tensor-parallel GPUs of the server")
     ap.add_argument("--hf-batch", type=int, default=32)
     ap.add_argument("--hf-new-tokens", type=int, default=256)
     ap.add_argument("--serve-args", nargs=argparse.REMAINDER, default=[])
@@ -202,13 +209,14 @@ def main() -> None:
         "date": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
         "device": torch.cuda.get_device_name(),
         "model": args.model,
+        "tp": args.tp,
         "ceilings": {"copy": copy, "matmul_bf16": mm},
         "workload": {
             "requests": NUM,
             "input_tokens": sum(len(p) for p, _ in reqs),
             "output_tokens": sum(o for _, o in reqs),
         },
-        "roofline": roofline(config, reqs, bw, peak),
+        "roofline": roofline(config, reqs, bw, peak, args.tp),
     }
     log = args.out.with_suffix(".server.log")
     t0 = time.perf_counter()

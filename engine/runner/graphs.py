@@ -89,6 +89,14 @@ class DecodeGraphs:
         log.debug("capture seconds (warm-up, capture) by batch size: %s", self.capture_s)
         return time.perf_counter() - start
 
+    def release(self) -> None:
+        """Free every captured graph (they may hold NCCL collectives; see ``ModelRunner.close``)."""
+        torch.cuda.synchronize()
+        for graph in self.graphs.values():
+            graph.reset()
+        self.graphs.clear()
+        self.outputs.clear()
+
     def _forward(self, bs: int) -> torch.Tensor:
         hidden: torch.Tensor = self.model(self.input_ids[:bs], self.positions[:bs], self.attention)
         return hidden

@@ -163,6 +163,16 @@ class ModelRunner:
             self.page_size,
         )
 
+    def close(self) -> None:
+        """Free the decode graphs; a rank calls it before it leaves its NCCL group.
+
+        Graphs that captured NCCL all-reduces keep the communicator busy, and
+        ``destroy_process_group`` then waits for them forever.
+        """
+        if self.graphs is not None:
+            self.graphs.release()
+            self.graphs = None
+
     def _capture_graphs(self, max_bs: int) -> DecodeGraphs | None:
         """Decode graphs up to ``max_bs``; None (decode runs eagerly) if capturing fails."""
         graphs = DecodeGraphs(self.model, self.attention, self.kv, max_bs, self.max_pages_per_seq)

@@ -123,6 +123,7 @@ class TPLeader:
             try:
                 _broadcast_bytes(None, self.group)
             finally:
+                self.runner.close()
                 dist.destroy_process_group()
 
 
@@ -144,6 +145,7 @@ def follower_main(args: RunnerArgs, rank: int) -> None:
         raise ValueError(f"follower rank must be in [1, {args.tp_size}), got {rank}")
     threading.Thread(target=_watch_parent, args=(os.getppid(),), daemon=True).start()
     group = init_tp_group(args, rank)
+    runner: ModelRunner | None = None
     try:
         runner = ModelRunner(args, rank)
         while True:
@@ -160,4 +162,6 @@ def follower_main(args: RunnerArgs, rank: int) -> None:
             except ValueError as exc:  # a bad plan: rank 0 rejected it too, before any collective
                 log.error("tp rank %d: step %d rejected: %s", rank, plan.step, exc)
     finally:
+        if runner is not None:
+            runner.close()
         dist.destroy_process_group()
