@@ -8,9 +8,12 @@ Overlap scheduling (``overlap``) makes the engine's calls in the engine's
 order, with at most one plan in flight when ``schedule`` is called::
 
     iteration i:   plan_i = schedule(now)          CPU: the scheduler's time of a step
-                                                   (the profile's schedule + complete)
+                                                   (the profile's schedule + complete),
+                                                   and the step's host work (its wall
+                                                   time less its device time)
                    launch plan_i                   GPU: starts when the CPU launched it and
-                                                        plan_{i-1} has ended
+                                                        plan_{i-1} has ended; lasts the
+                                                        step's device time
                    complete(plan_{i-1})            waits for plan_{i-1}'s GPU end; its tokens
                                                    leave then
                    (an empty plan_i is completed at once)
@@ -117,12 +120,16 @@ class EngineLoop:
         when its GPU work ends (both happen at the same time: the GPU start)."""
         p, env, s = self.p, self.env, self.sched
         stats = s.stats()
-        launch = env.now + p.cpu.schedule_time(plan.batch_size)
+        cpu = p.cpu.schedule_time(plan.batch_size)
+        shape = StepShape.of_plan(plan) if plan.has_model_work else None
+        gpu = 0.0
+        if shape is not None:
+            gpu = p.gpu.device_time(shape)
+            cpu += max(p.gpu.step_time(shape) - gpu, 0.0)
+        launch = env.now + cpu
         start = launch if prev is None else max(launch, prev.end)
         launched = None
-        if plan.has_model_work:
-            shape = StepShape.of_plan(plan)
-            gpu = p.gpu.step_time(shape)
+        if shape is not None:
             p.record_step(plan, shape, start, gpu, stats)
             launched = Launched(plan, start + gpu)
         if start > env.now:
@@ -144,18 +151,19 @@ class EngineLoop:
         batch = len(running)
         context = sum(r.num_planned for r in running)
         longest = max(r.num_planned for r in running)
-        gpu = p.gpu.decode_times(batch, context + batch, longest + 1, k)
-        cpu = p.cpu.schedule_time(batch)
+        wall = p.gpu.decode_times(batch, context + batch, longest + 1, k)
+        schedule = p.cpu.schedule_time(batch)
         if prev is None:  # strict: step j runs [start, start + cpu + gpu]; tokens at its end
-            durations = gpu + cpu
+            gpu, durations = wall, wall + schedule
             clock = np.cumsum(np.concatenate(([now], durations)))
             starts = begins = clock[:-1]
             ends = clock[1:]
             token_times = starts + durations
-        else:  # overlap: GPU starts s_j = max(s_{j-1} + cpu, s_{j-1} + gpu_{j-1})
-            durations = gpu
-            gaps = np.maximum(gpu[:-1], cpu)
-            starts = np.cumsum(np.concatenate(([max(now + cpu, prev.end)], gaps)))
+        else:  # overlap: GPU starts s_j = max(s_{j-1} + cpu_j, s_{j-1} + gpu_{j-1})
+            gpu = durations = p.gpu.decode_device_times(batch, context + batch, longest + 1, k)
+            cpu = schedule + np.maximum(wall - gpu, 0.0)
+            gaps = np.maximum(gpu[:-1], cpu[1:])
+            starts = np.cumsum(np.concatenate(([max(now + cpu[0], prev.end)], gaps)))
             begins = np.concatenate(([now], starts[:-1]))  # iteration j begins as j-1 ends
             ends = token_times = starts  # iteration j completes the plan before step j
         j = k

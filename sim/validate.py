@@ -60,6 +60,11 @@ def add_validate_args(sub: argparse._SubParsersAction[argparse.ArgumentParser]) 
     p.add_argument("--max-running", type=int, default=256)
     p.add_argument("--max-prefill-tokens", type=int, default=8192)
     p.add_argument("--policy", default="fcfs")
+    p.add_argument(
+        "--overlap",
+        action=argparse.BooleanOptionalAction,
+        help="simulate overlap scheduling (default: as the server reports, else the config's)",
+    )
     p.add_argument("--num-tokenizers", type=int, default=1)
     p.add_argument("--no-report", action="store_true", help="skip the HTML reports")
     p.add_argument("--no-progress", action="store_true")
@@ -74,11 +79,14 @@ def servable(trace: Trace, max_model_len: int | None) -> tuple[Trace, int]:
     return replace(trace, requests=keep), len(trace.requests) - len(keep)
 
 
-def sim_config(args: argparse.Namespace, model: str, num_pages: int) -> SimConfig:
-    """The flags named after a ``SimConfig`` field, the server's model and pages, the
-    profile's ``table`` model and dtype."""
+def sim_config(args: argparse.Namespace, info: ServerInfo, num_pages: int) -> SimConfig:
+    """The flags named after a ``SimConfig`` field, the server's model, pages and overlap
+    mode, the profile's ``table`` model and dtype."""
     flags = {f.name: getattr(args, f.name) for f in fields(SimConfig) if hasattr(args, f.name)}
+    if flags.get("overlap") is None:
+        flags["overlap"] = info.overlap
     dtype = DTYPES.get(read_profile(args.profile).provenance.get("dtype", ""))
+    model = args.model or info.model
     flags |= {"model": model, "num_pages": num_pages, "cost_model": "table", "dtype": dtype}
     return build_config(args.config, **flags)
 
@@ -135,7 +143,7 @@ def cmd_validate(args: argparse.Namespace) -> int:
     num_pages = args.num_pages or info.kv_pages_total
     if num_pages is None:
         raise ValueError(f"{info.url} does not report its KV pages; give --num-pages")
-    config = sim_config(args, args.model or info.model, num_pages)
+    config = sim_config(args, info, num_pages)
     trace, dropped = servable(
         load_trace(args.trace, rate_scale=args.rate_scale, limit=args.limit), info.max_model_len
     )

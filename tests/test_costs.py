@@ -111,7 +111,7 @@ def test_table_model_recovers_a_linear_regime(tmp_path: Path) -> None:
 
 
 def test_profile_needs_provenance_and_valid_rows(tmp_path: Path) -> None:
-    row = "decode,0,1,10,10,10,0,1,1,0.001,0.001,0.001,3,fit\n"
+    row = "decode,0,1,10,10,10,0,1,1,0.001,0.001,0.001,3,fit,0.0008\n"
     bare = tmp_path / "bare.csv"
     bare.write_text(HEADER + row)
     with pytest.raises(ProfileError, match="provenance lacks"):
@@ -121,14 +121,20 @@ def test_profile_needs_provenance_and_valid_rows(tmp_path: Path) -> None:
     )
     assert read_profile(bare).provenance["hardware"] == "h"
     bad = tmp_path / "bad.csv"
-    bad.write_text(PROVENANCE + HEADER + row + "warp,0,1,1,1,1,0,1,1,1,1,1,1,fit\n")
+    bad.write_text(PROVENANCE + HEADER + row + "warp,0,1,1,1,1,0,1,1,1,1,1,1,fit,1\n")
     with pytest.raises(ProfileError, match=r"bad\.csv:7: unknown kind 'warp'"):
         read_profile(bad)
-    bad.write_text(PROVENANCE + HEADER + "decode,0,x,10,10,10,0,1,1,0.001,0.001,0.001,3,fit\n")
+    bad.write_text(PROVENANCE + HEADER + "decode,0,x,10,10,10,0,1,1,0.001,0.001,0.001,3,fit,1\n")
     with pytest.raises(ProfileError, match=r"bad\.csv:6: non-numeric"):
         read_profile(bad)
     bad.write_text(PROVENANCE + HEADER + row.replace("fit", "test"))
     with pytest.raises(ProfileError, match=r"bad\.csv:6: split must be one of"):
+        read_profile(bad)
+    bad.write_text(PROVENANCE + HEADER + row.replace("0.0008", "fast"))
+    with pytest.raises(ProfileError, match=r"bad\.csv:6: non-numeric device_s"):
+        read_profile(bad)
+    bad.write_text(PROVENANCE + HEADER + row.replace(",0.0008", ""))
+    with pytest.raises(ProfileError, match=r"bad\.csv:6: expected 15 columns, got 14"):
         read_profile(bad)
     bad.write_text(
         PROVENANCE + "kind,prefill_tokens,decode_requests,context_tokens,tp,duration_s\n"
@@ -147,3 +153,22 @@ def test_cpu_costs_default_file_and_overrides(tmp_path: Path) -> None:
     mixed = load_cpu_costs(profile)
     assert mixed.tokenize == pytest.approx(3e-6)  # mean of the profile's rows
     assert mixed.ipc == default.ipc  # the rest from the default file
+
+
+def test_profile_device_times_round_trip_and_legacy_files(tmp_path: Path) -> None:
+    shape = decode_shape(8, 800)
+    rows = [ProfileRow("decode", shape, 1, 0.010, 0.009, 0.012, 3, "fit", 0.007)]
+    rows.append(ProfileRow("tokenize", EMPTY_SHAPE, 1, 2e-6, 2e-6, 2e-6, 1))
+    path = tmp_path / "p.csv"
+    write_profile(path, {"hardware": "h", "model": "m", "date": "d", "command": "c"}, rows)
+    profile = read_profile(path)
+    assert profile.steps[0].device_time == pytest.approx(0.007)
+    assert profile.steps[0].duration_s == pytest.approx(0.010)
+    assert path.read_text().splitlines()[-1].endswith(",2.000000e-06")  # CPU rows: the wall time
+    # a file written before device_s existed: its device time is its wall time
+    legacy_header = ",".join(COLUMNS[:-1]) + "\n"
+    path.write_text(
+        PROVENANCE + legacy_header + "decode,0,1,10,10,10,0,1,1,0.001,0.001,0.002,3,fit\n"
+    )
+    (row,) = read_profile(path).steps
+    assert row.device_s is None and row.device_time == row.duration_s == pytest.approx(0.001)

@@ -4,6 +4,7 @@ live server, end to end."""
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from pathlib import Path
 
 import httpx
@@ -123,3 +124,25 @@ def test_sim_validate_end_to_end(server: Server, profile: Path, tmp_path: Path) 
     real = json.loads((out / "real-1" / "summary.json").read_text())
     assert real["bench"]["server_timestamps"] and real["bench"]["prompt_length_mismatches"] == 0
     assert (out / "report.html").stat().st_size > 100_000
+
+
+def test_validate_simulates_the_server_s_overlap_mode(server: Server, profile: Path) -> None:
+    import argparse
+
+    from engine.bench.server import server_info
+    from sim.validate import add_validate_args, sim_config
+
+    info = server_info(server.url)
+    assert info.overlap is False  # a CPU server overlaps only when told to
+    parser = argparse.ArgumentParser()
+    add_validate_args(parser.add_subparsers())
+    base = ["validate", "t.jsonl", "--url", server.url, "--profile", str(profile), "--out", "o"]
+    for flags, server_says, simulated in (
+        ([], True, True),
+        ([], False, False),
+        (["--no-overlap"], True, False),
+        (["--overlap"], False, True),
+    ):
+        args = parser.parse_args([*base, *flags])
+        config = sim_config(args, replace(info, overlap=server_says), 1024)
+        assert config.overlap is simulated, (flags, server_says)

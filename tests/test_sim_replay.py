@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -13,7 +14,8 @@ import pytest
 from sim.calls import replay_calls
 from sim.cli import main
 from sim.config import build_config
-from sim.costs.profile import COLUMNS
+from sim.costs import read_profile
+from sim.costs.profile import COLUMNS, EMPTY_SHAPE, ProfileRow, write_profile
 from sim.metrics import REQUEST_COLUMNS
 from sim.replay import run_replay
 from sim.steplog import STEP_COLUMNS
@@ -206,10 +208,11 @@ def test_the_simulator_imports_no_torch() -> None:
 
 
 def test_replay_with_a_table_profile_names_it(tmp_path: Path) -> None:
+    """A profile in the format written before ``device_s`` existed still reads."""
     profile = tmp_path / "prof.csv"
     rows = ["# hardware: test gpu", "# model: llama-3.1-8b", "# date: 2026-11-29",
             "# command: written by this test",
-            ",".join(COLUMNS), "prefill,512,0,512,0,0,131328,1,1,0.012,0.011,0.013,3,fit",
+            ",".join(COLUMNS[:-1]), "prefill,512,0,512,0,0,131328,1,1,0.012,0.011,0.013,3,fit",
             "prefill,4096,0,4096,0,0,8390656,1,1,0.09,0.09,0.09,3,fit",
             "decode,0,1,1000,1000,1000,0,1,1,0.004,0.004,0.004,3,fit",
             "decode,0,64,80000,80000,80000,0,64,1,0.007,0.007,0.007,3,fit",
@@ -225,3 +228,35 @@ def test_replay_with_a_table_profile_names_it(tmp_path: Path) -> None:
     assert summary["cost_model"]["profile"] == str(profile)
     assert "hardware: test gpu" in summary["cost_model"]["provenance"]
     assert summary["cpu_costs"]["ipc"] == 5e-5 and summary["completed"] == 20
+
+
+def test_overlap_prices_device_time_on_the_gpu_and_host_time_on_the_cpu(tmp_path: Path) -> None:
+    """A profile whose device times are 60 % of its wall times: overlapped decode steps
+    follow the device time (the host's 40 % hides under the step before), strict ones the
+    wall time; fast-forwarded runs price exactly what single steps price."""
+    measured = read_profile(ROOT / "profiles" / "h200_llama-3.1-8b.csv")
+    rows = [replace(r, device_s=0.6 * r.duration_s) for r in measured.steps]
+    rows += [ProfileRow(k, EMPTY_SHAPE, 1, v, v, v, 1) for k, v in measured.cpu.items()]
+    profile = tmp_path / "device.csv"
+    write_profile(profile, measured.provenance, rows)
+    path = ROOT / "traces" / "azure_conv.csv"
+    tpot = {}
+    for overlap in (False, True):
+        frames = [
+            _frames(
+                path,
+                60,
+                2.0,
+                model="llama-3.1-8b",
+                profile=str(profile),
+                num_pages=20000,
+                overlap=overlap,
+                fast_forward=ff,
+            )
+            for ff in (True, False)
+        ]
+        (on_req, on_steps), (off_req, off_steps) = frames
+        np.testing.assert_allclose(on_req["e2e_ms"], off_req["e2e_ms"], rtol=1e-9)
+        np.testing.assert_allclose(on_steps["duration_s"], off_steps["duration_s"], rtol=1e-9)
+        tpot[overlap] = float(on_req["tpot_ms"].median())
+    assert tpot[True] < 0.75 * tpot[False]

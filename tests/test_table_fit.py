@@ -154,3 +154,32 @@ def test_decode_runs_equal_single_steps(
     ]
     np.testing.assert_allclose(run, single, rtol=1e-9)
     assert np.all(run > 0)
+
+
+def test_device_times_get_their_own_fit() -> None:
+    """Device time = the step's period back to back; the wall time adds the host's work."""
+    rows = []
+    for b in (1, 2, 4, 8, 16, 32):
+        for ctx in (256, 4096):
+            shape = shape_of(StepPoint((), (ctx,) * b))
+            device = bucketed(b, shape.decode_context)
+            host = 1.5e-3 + 2e-5 * b
+            rows.append(
+                ProfileRow("decode", shape, 1, device + host, device, device, 3, "fit", device)
+            )
+    table = TableCostModel(Profile("p.csv", {}, rows))
+    shape = shape_of(StepPoint((), (1000,) * 16))
+    assert table.device_time(shape) == pytest.approx(bucketed(16, shape.decode_context), rel=1e-6)
+    assert table.step_time(shape) == pytest.approx(
+        bucketed(16, shape.decode_context) + 1.5e-3 + 2e-5 * 16, rel=1e-6
+    )
+    run = table.decode_device_times(16, shape.decode_context, 1001, 5)
+    single = [
+        table.device_time(StepShape.decode(16, shape.decode_context + 16 * i, 1001 + i))
+        for i in range(5)
+    ]
+    np.testing.assert_allclose(run, single, rtol=1e-9)
+    assert "device_decode" in table.describe()["fit"]  # type: ignore[operator]
+    # without separate device times, one fit serves both
+    same = TableCostModel(decode_profile((1, 8, 16), []))
+    assert same.device_decode is same.decode and "device holdout" not in same.errors

@@ -1,8 +1,8 @@
 """What a benchmark learns from the server before it starts: model, context, KV pages.
 
 Any OpenAI-compatible server answers ``GET /v1/models``; this engine's card says
-``owned_by: engine`` and adds ``max_model_len``, and its ``/metrics`` gives
-``engine_kv_pages_total``. Only this engine gets ``return_meta_info``.
+``owned_by: engine`` and adds ``max_model_len`` and ``overlap_scheduling``, and
+its ``/metrics`` gives ``engine_kv_pages_total``. Only this engine gets ``return_meta_info``.
 """
 
 from __future__ import annotations
@@ -26,6 +26,7 @@ class ServerInfo:
     root: str | None
     max_model_len: int | None
     kv_pages_total: int | None
+    overlap: bool | None  # overlap scheduling, where the server says
 
     @property
     def ours(self) -> bool:
@@ -62,6 +63,7 @@ def server_info(url: str, api_key: str | None = None, timeout: float = 30.0) -> 
         value = metric_value(text, "engine_kv_pages_total")
         pages = int(value) if value else None
     limit = card.get("max_model_len")
+    overlap = card.get("overlap_scheduling")
     return ServerInfo(
         url=url,
         model=str(card["id"]),
@@ -69,4 +71,5 @@ def server_info(url: str, api_key: str | None = None, timeout: float = 30.0) -> 
         root=card.get("root"),
         max_model_len=int(limit) if isinstance(limit, int) else None,
         kv_pages_total=pages,
+        overlap=overlap if isinstance(overlap, bool) else None,
     )

@@ -80,6 +80,11 @@ class ServeConfig(msgspec.Struct, kw_only=True):
     dist_init: str = ""
     log_level: str = "info"
 
+    @property
+    def overlap_on(self) -> bool:
+        """Whether the scheduler overlaps its work with the model's: ``overlap``, else CUDA."""
+        return self.device.startswith("cuda") if self.overlap is None else self.overlap
+
     def addr(self, name: str) -> str:
         """The ``ipc://`` address of the socket ``name`` inside the run directory."""
         return f"ipc://{Path(self.run_dir) / name}.sock"

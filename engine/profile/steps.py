@@ -1,15 +1,26 @@
-"""Time batch plans on the serving runner, end to end as the engine's loop runs them.
+"""Time batch plans on the serving runner, as the engine's loop runs them.
 
-A step's time is what ``Engine.step`` spends between ``schedule`` and
-``complete``: the plan's ``StepInputs`` built on the host from the requests'
-token sequences (``Engine.inputs``), then ``TPLeader.step`` (broadcast to the
-TP followers, the forward pass, sampling, tokens back on the host as a list).
+Two times per plan:
+
+- *wall* (``duration_s``): the step end to end, as the strictly alternating
+  loop runs it between ``schedule`` and ``complete``: the plan's
+  ``StepInputs`` built on the host from the requests' token sequences
+  (``Engine.inputs``), then ``TPLeader.launch`` (broadcast to the TP followers,
+  the forward pass, sampling) and the tokens back on the host as a list.
+- *device* (``device_s``, CUDA): the step's period when the same plan is
+  launched back to back without waiting, as the overlapped loop launches
+  steps: the time between the CUDA events that end consecutive steps. The host
+  prepares each launch while the device runs the one before, so this is the
+  device's time for the step, or the host's launch time where that is longer.
+  On CPU the host is the device: the device time is the wall time.
+
 The runner is built from the same ``RunnerArgs`` as ``engine serve``'s, so the
 attention backend and CUDA graphs are the ones serving uses.
 """
 
 from __future__ import annotations
 
+import itertools
 import multiprocessing as mp
 import statistics
 import time
@@ -22,7 +33,7 @@ from engine.profile.grid import StepPoint
 from engine.runner.args import RunnerArgs
 from engine.runner.tp import TPLeader, follower_main
 from engine.sampling.params import SamplingParams
-from engine.scheduler import SchedulerConfig
+from engine.scheduler import Plan, SchedulerConfig
 from engine.scheduler_proc.engine import Engine, Tracked
 from sim.costs.base import StepShape
 from sim.costs.profile import ProfileRow
@@ -61,6 +72,7 @@ class StepTimer:
         self.page_size = page_size
         self.num_pages = num_pages
         self.tp = leader.args.tp_size
+        self.runner = leader.runner
         self.vocab = vocab
         config = SchedulerConfig(num_pages=num_pages, page_size=page_size)
         self.engine = Engine(config, leader.launch, eos_token_ids=())
@@ -74,7 +86,8 @@ class StepTimer:
         self.engine.tracked[rid] = Tracked(sequence, length, SamplingParams(), 0.0, 0.0)
 
     def run(self, point: StepPoint, repeats: int, warmup: int = 1) -> ProfileRow:
-        """The point's median, fastest and slowest time over ``repeats`` (after ``warmup``)."""
+        """The point's median, fastest and slowest wall time over ``repeats`` (after
+        ``warmup``), and its median device time."""
         plan = point.plan(self.page_size)
         for chunk in plan.prefill:
             self._track(chunk.rid, chunk.start + chunk.length)
@@ -88,6 +101,7 @@ class StepTimer:
                 engine.run_model(plan, engine.inputs(plan)).result()
                 if i >= warmup:
                     times.append(time.perf_counter() - start)
+            device = self._device_time(plan, repeats) if self.runner.device.type == "cuda" else None
         finally:
             engine.tracked.clear()
         shape = StepShape.of_plan(plan)
@@ -100,4 +114,19 @@ class StepTimer:
             max(times),
             repeats,
             point.split,
+            statistics.median(times) if device is None else device,
         )
+
+    def _device_time(self, plan: Plan, repeats: int) -> float:
+        """Median period of ``plan`` launched ``repeats + 1`` times back to back (CUDA)."""
+        runner, engine = self.runner, self.engine
+        runner.step_events = []
+        try:
+            handles = [engine.run_model(plan, engine.inputs(plan)) for _ in range(repeats + 1)]
+            for handle in handles:
+                handle.result()
+            ends = [end for _, end in runner.step_events]
+        finally:
+            runner.step_events = None
+        periods = [float(a.elapsed_time(b)) / 1e3 for a, b in itertools.pairwise(ends)]
+        return statistics.median(periods)

@@ -78,9 +78,8 @@ def serve_rank0(cfg: ServeConfig, leader: TPLeader) -> None:
         eos_token_ids=cfg.eos_token_ids,
     )
     log.info("ready: %d KV pages of %d tokens", runner.num_pages, runner.page_size)
-    overlap = cfg.device == "cuda" if cfg.overlap is None else cfg.overlap
-    log.info("overlap scheduling %s", "on" if overlap else "off")
-    loop = SchedulerLoop(engine, inbox, to_detok, to_frontend, overlap)
+    log.info("overlap scheduling %s", "on" if cfg.overlap_on else "off")
+    loop = SchedulerLoop(engine, inbox, to_detok, to_frontend, cfg.overlap_on)
     loop.run()
 
 

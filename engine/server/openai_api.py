@@ -261,5 +261,6 @@ async def models(request: Request) -> Response:
         "owned_by": "engine",
         "root": ctx.cfg.model_path,
         "max_model_len": ctx.cfg.max_model_len,
+        "overlap_scheduling": ctx.cfg.overlap_on,
     }
     return JSONResponse({"object": "list", "data": [card]})

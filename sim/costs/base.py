@@ -65,10 +65,14 @@ class StepShape:
 class GpuCostModel(ABC):
     """Time of one model step as a function of its shape, for a fixed model, hardware and TP.
 
-    ``decode_times`` must equal ``step_time`` applied to each step of a run of
-    pure-decode steps (batch fixed, context growing by ``batch`` and the longest
-    context by one each step); it exists so that fast-forwarded runs are priced
-    with numpy in one call.
+    ``step_time`` is the step as the strict loop runs it (host work, device
+    work, tokens back); ``device_time`` is its period when steps are launched
+    back to back (the overlapped loop), the same where a model knows no
+    difference. ``decode_times`` (``decode_device_times``) must equal
+    ``step_time`` (``device_time``) applied to each step of a run of pure-decode
+    steps (batch fixed, context growing by ``batch`` and the longest context by
+    one each step); they exist so that fast-forwarded runs are priced with numpy
+    in one call.
     """
 
     name: str
@@ -82,6 +86,14 @@ class GpuCostModel(ABC):
     def decode_times(self, batch: int, context_tokens: int, longest: int, k: int) -> np.ndarray:
         """Times of ``k`` decode steps of ``batch`` requests; step i reads
         ``context_tokens + i * batch`` KV positions, ``longest + i`` for its longest request."""
+
+    def device_time(self, shape: StepShape) -> float:
+        return self.step_time(shape)
+
+    def decode_device_times(
+        self, batch: int, context_tokens: int, longest: int, k: int
+    ) -> np.ndarray:
+        return self.decode_times(batch, context_tokens, longest, k)
 
     def describe(self) -> dict[str, object]:
         return {"name": self.name, "profile": self.profile, "provenance": self.provenance}

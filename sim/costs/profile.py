@@ -4,16 +4,21 @@
 them. CSV columns (``COLUMNS``)::
 
     kind,prefill_tokens,decode_requests,context_tokens,decode_context,decode_padded,
-    prefill_attention,sampled,tp,duration_s,min_s,max_s,repeats,split
+    prefill_attention,sampled,tp,duration_s,min_s,max_s,repeats,split,device_s
 
 A step row (``kind`` = ``prefill``, ``decode`` or ``mixed``) is one batch plan
 that was run ``repeats`` times: its shape in ``StepShape``'s terms, the median
-time of one step (``duration_s``) and the fastest and slowest repeat.
+wall time of one step as the strict loop runs it (``duration_s``), the fastest
+and slowest repeat, and the median device time of the step (``device_s``: its
+period when launched back to back, as the overlapped loop runs it; see
+``engine.profile.steps``). Files without the ``device_s`` column (written
+before it existed) read it as ``duration_s``.
 ``split`` is ``fit`` for rows the ``table`` model is fitted to and ``holdout``
 for rows kept out of the fit to measure its error. A CPU row (``kind`` =
 ``frontend``, ``tokenize``, ``detokenize``, ``ipc``, ``schedule``,
 ``schedule_request``) holds a per-unit cost in ``duration_s`` (see
-``CpuCosts``), its shape columns zero; several rows of a kind are averaged.
+``CpuCosts``), its shape columns zero, its ``device_s`` equal to ``duration_s``;
+several rows of a kind are averaged.
 
 Provenance is required: ``# key: value`` comment lines at the top of the file,
 or a sidecar ``FILE.json`` with the same keys, naming at least ``hardware``,
@@ -30,7 +35,8 @@ from pathlib import Path
 from sim.costs.base import CpuCosts, StepShape
 
 SHAPE_COLUMNS = tuple(f.name for f in fields(StepShape))
-COLUMNS = ("kind", *SHAPE_COLUMNS, "tp", "duration_s", "min_s", "max_s", "repeats", "split")
+LEGACY_COLUMNS = ("kind", *SHAPE_COLUMNS, "tp", "duration_s", "min_s", "max_s", "repeats", "split")
+COLUMNS = (*LEGACY_COLUMNS, "device_s")
 STEP_KINDS = ("prefill", "decode", "mixed")
 CPU_KINDS = CpuCosts.KINDS
 SPLITS = ("fit", "holdout")
@@ -53,6 +59,11 @@ class ProfileRow:
     max_s: float
     repeats: int
     split: str = "fit"
+    device_s: float | None = None  # None: the wall time stands for it
+
+    @property
+    def device_time(self) -> float:
+        return self.duration_s if self.device_s is None else self.device_s
 
     @staticmethod
     def step_kind(shape: StepShape) -> str:
@@ -63,7 +74,8 @@ class ProfileRow:
     def cells(self) -> list[str]:
         shape = [str(getattr(self.shape, c)) for c in SHAPE_COLUMNS]
         times = [f"{t:.6e}" for t in (self.duration_s, self.min_s, self.max_s)]
-        return [self.kind, *shape, str(self.tp), *times, str(self.repeats), self.split]
+        device = f"{self.device_time:.6e}"
+        return [self.kind, *shape, str(self.tp), *times, str(self.repeats), self.split, device]
 
 
 EMPTY_SHAPE = StepShape(0, 0, 0, 0, 0, 0, 0)
@@ -124,9 +136,18 @@ def _read_lines(path: Path) -> tuple[dict[str, str], list[tuple[int, str]]]:
     return provenance, body
 
 
-def _parse_row(where: str, cells: list[str]) -> ProfileRow:
-    if len(cells) != len(COLUMNS):
-        raise ProfileError(f"{where}: expected {len(COLUMNS)} columns, got {len(cells)}")
+def _parse_row(where: str, cells: list[str], columns: int) -> ProfileRow:
+    if len(cells) != columns:
+        raise ProfileError(f"{where}: expected {columns} columns, got {len(cells)}")
+    device = None
+    if columns == len(COLUMNS):
+        *cells, last = cells
+        try:
+            device = float(last)
+        except ValueError:
+            raise ProfileError(f"{where}: non-numeric device_s {last!r}") from None
+        if not device >= 0:
+            raise ProfileError(f"{where}: device_s must be >= 0")
     kind, split = cells[0].strip(), cells[-1].strip()
     if kind not in STEP_KINDS and kind not in CPU_KINDS:
         raise ProfileError(f"{where}: unknown kind {kind!r}; known: {[*STEP_KINDS, *CPU_KINDS]}")
@@ -143,7 +164,7 @@ def _parse_row(where: str, cells: list[str]) -> ProfileRow:
     *shape, tp = ints
     if tp < 1:
         raise ProfileError(f"{where}: tp must be >= 1")
-    return ProfileRow(kind, StepShape(*shape), tp, median, low, high, repeats, split)
+    return ProfileRow(kind, StepShape(*shape), tp, median, low, high, repeats, split, device)
 
 
 def read_profile(path: Path | str) -> Profile:
@@ -154,13 +175,14 @@ def read_profile(path: Path | str) -> Profile:
     if not body:
         raise ProfileError(f"{path}: no header row")
     header_line, header = body[0]
-    if tuple(c.strip() for c in header.split(",")) != COLUMNS:
+    names = tuple(c.strip() for c in header.split(","))
+    if names not in (COLUMNS, LEGACY_COLUMNS):
         raise ProfileError(f"{path}:{header_line}: expected header {','.join(COLUMNS)}")
     steps: list[ProfileRow] = []
     cpu_rows: dict[str, list[float]] = {}
     lines = [n for n, _ in body[1:]]
     for line_no, cells in zip(lines, csv.reader(t for _, t in body[1:]), strict=True):
-        row = _parse_row(f"{path}:{line_no}", cells)
+        row = _parse_row(f"{path}:{line_no}", cells, len(names))
         if row.kind in STEP_KINDS:
             steps.append(row)
         else:

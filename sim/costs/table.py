@@ -16,7 +16,12 @@ Two groups of a profile's step rows (of the configured TP degree) get one
   head and sampler).
 
 A group the profile lacks is priced by the other group's fit. No step is
-predicted faster than the fastest measured step of its group. Rows with
+predicted faster than the fastest measured step of its group.
+
+Each group is fitted twice: to the rows' wall times (``step_time``: the step
+as the strict loop runs it) and to their device times (``device_time``: the
+step's period when steps are launched back to back, as the overlapped loop
+runs them). A profile without separate device times gets one fit for both. Rows with
 ``split = holdout`` stay out of the fit; the fit's relative error on them (and
 on the rows it was fitted to) is printed by ``engine profile``, recorded in the
 provenance and in ``describe()``.
@@ -73,10 +78,12 @@ class GroupFit:
     floor: float  # the fastest measured step of the group
 
     @staticmethod
-    def of(group: StepGroup, rows: list[ProfileRow]) -> GroupFit:
+    def of(group: StepGroup, rows: list[ProfileRow], device: bool = False) -> GroupFit:
+        """The fit to ``rows``' wall times, or to their device times."""
         shapes = [r.shape for r in rows]
         x, extras = group.columns(shapes)
-        y = np.array([r.duration_s for r in rows], dtype=np.float64)
+        times = [r.device_time if device else r.duration_s for r in rows]
+        y = np.array(times, dtype=np.float64)
         pure = np.array([s.decode_requests == 0 for s in shapes]) if group.spine_from_pure else None
         return GroupFit(group, PiecewiseFit.fit(x, extras, y, pure), float(y.min()))
 
@@ -105,28 +112,41 @@ class TableCostModel(GpuCostModel):
             have = sorted({r.tp for r in profile.steps})
             raise ProfileError(f"{profile.path}: no step rows for tp={tp} (have tp {have})")
         fit_rows = [r for r in rows if r.split == "fit"]
-        fits = {
-            g.name: GroupFit.of(g, members)
-            for g in GROUPS
-            if (members := [r for r in fit_rows if g.covers(r.shape)])
-        }
-        if not fits:
+        if not fit_rows:
             raise ProfileError(f"{profile.path}: every step row for tp={tp} is held out")
-        self.decode = fits.get("decode") or fits["prefill"]
-        self.prefill = fits.get("prefill") or fits["decode"]
+        self.decode, self.prefill = self._fits(fit_rows, device=False)
+        self.device_decode, self.device_prefill = self.decode, self.prefill
+        separate = any(r.device_time != r.duration_s for r in rows)
+        if separate:
+            self.device_decode, self.device_prefill = self._fits(fit_rows, device=True)
         self.tp = tp
         self.profile = profile.path
         holdout = [r for r in rows if r.split == "holdout"]
         self.errors = {"fit": self.errors_on(fit_rows), "holdout": self.errors_on(holdout)}
+        if separate:
+            self.errors["device holdout"] = self.errors_on(holdout, device=True)
         self.provenance = (
             f"piecewise-linear fit to {len(fit_rows)} step rows (tp={tp}) of {profile.path}; "
             f"{self.error_text()}: {profile.provenance_text()}"
         )
 
-    def errors_on(self, rows: list[ProfileRow]) -> dict[str, float | int]:
-        """Relative errors of this model's times for ``rows`` (their medians as truth)."""
-        predicted = np.array([self.step_time(r.shape) for r in rows], dtype=np.float64)
-        return relative_errors(predicted, np.array([r.duration_s for r in rows]))
+    @staticmethod
+    def _fits(rows: list[ProfileRow], device: bool) -> tuple[GroupFit, GroupFit]:
+        """The decode and the prefill group's fits (one stands in for a missing other)."""
+        fits = {
+            g.name: GroupFit.of(g, members, device)
+            for g in GROUPS
+            if (members := [r for r in rows if g.covers(r.shape)])
+        }
+        return fits.get("decode") or fits["prefill"], fits.get("prefill") or fits["decode"]
+
+    def errors_on(self, rows: list[ProfileRow], device: bool = False) -> dict[str, float | int]:
+        """Relative errors of this model's wall (device) times for ``rows``, their
+        medians as truth."""
+        time = self.device_time if device else self.step_time
+        predicted = np.array([time(r.shape) for r in rows], dtype=np.float64)
+        truth = [r.device_time if device else r.duration_s for r in rows]
+        return relative_errors(predicted, np.array(truth))
 
     def error_text(self) -> str:
         parts = []
@@ -141,13 +161,29 @@ class TableCostModel(GpuCostModel):
         return "; ".join(parts)
 
     def step_time(self, shape: StepShape) -> float:
+        return self._time(shape, self.decode, self.prefill)
+
+    def device_time(self, shape: StepShape) -> float:
+        return self._time(shape, self.device_decode, self.device_prefill)
+
+    @staticmethod
+    def _time(shape: StepShape, decode: GroupFit, prefill: GroupFit) -> float:
         if shape.prefill_tokens + shape.decode_requests == 0:
             return 0.0
-        group = self.prefill if shape.prefill_tokens else self.decode
-        return group.time(shape)
+        return (prefill if shape.prefill_tokens else decode).time(shape)
 
     def decode_times(self, batch: int, context_tokens: int, longest: int, k: int) -> np.ndarray:
-        d = self.decode
+        return self._decode_times(self.decode, batch, context_tokens, longest, k)
+
+    def decode_device_times(
+        self, batch: int, context_tokens: int, longest: int, k: int
+    ) -> np.ndarray:
+        return self._decode_times(self.device_decode, batch, context_tokens, longest, k)
+
+    @staticmethod
+    def _decode_times(
+        d: GroupFit, batch: int, context_tokens: int, longest: int, k: int
+    ) -> np.ndarray:
         x, extras = d.group.columns([StepShape.decode(batch, context_tokens, longest)])
         columns = np.repeat(extras, k, axis=0)
         growth = batch * np.arange(k, dtype=np.float64)
@@ -161,6 +197,8 @@ class TableCostModel(GpuCostModel):
         out["fit"] = {
             "decode": self.decode.describe(),
             "prefill": self.prefill.describe(),
+            "device_decode": self.device_decode.describe(),
+            "device_prefill": self.device_prefill.describe(),
             "errors": self.errors,
         }
         return out
