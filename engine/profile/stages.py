@@ -12,7 +12,7 @@ from engine.profile.cpu_stages import (
     measure_schedule,
     measure_tokenize,
 )
-from engine.profile.http_stages import measure_http
+from engine.profile.http_stages import CONCURRENCY, measure_http
 from sim.costs.profile import EMPTY_SHAPE, ProfileRow
 
 PROSE = Path(__file__).resolve().parents[2] / "README.md"
@@ -38,8 +38,9 @@ def measure_stages(cfg: ServeConfig, repeats: int, info: dict[str, str]) -> list
         f"tokenizer {cfg.tokenizer_path}; tokenize = prompt_ids per token of README prose; "
         "detokenize = TokenBatch of 32 one-token items through Detokenizer.process, per token; "
         "ipc = half a ZeroMQ ipc:// round trip of a 1024-id TokenizedRequest; "
-        "frontend + stream = streamed /v1/completions through the real app, fitted per request "
-        "+ per chunk; schedule(+_request) = Engine.step with an instant model, fitted over "
+        f"frontend + stream = CPU time of the real app's event loop for {CONCURRENCY} "
+        "concurrent streamed /v1/completions fed one batch a step, fitted per request + per "
+        "chunk; schedule(+_request) = Engine.step with an instant model, fitted over "
         f"decode batch {points}"
     )
     return [
