@@ -12,12 +12,16 @@
 #   overlap   idle GPU time between decode steps, overlap on and off
 #   serve     the offline workload over HTTP: Llama-3.1-8B (overlap on and off), Qwen3-0.6B
 #   profile   `engine profile` of the Llama-3.1-8B shape -> OUT_DIR/h200_llama-3.1-8b.csv
+#   validate  the profile, then `sim validate` of the Azure conversation trace against a live
+#             server at rate scales $RATES (default "3 5 7", $LIMIT requests each, default 300)
 # Each part writes its JSON/log files into OUT_DIR; the last lines of each log are printed.
 # On the lent machine only 8 files come back: run it on a scratch folder and tar that into $OUT.
 set -u
 out=${1:?usage: gpu_suite.sh OUT_DIR [PART ...]}
 shift
 parts=${*:-probe tests runner runner_tp2 overlap serve profile}
+RATES=${RATES:-3 5 7}
+LIMIT=${LIMIT:-300}
 mkdir -p "$out"
 source scripts/gpu_env.sh || exit 1
 gpus=$(python3 -c "import torch; print(torch.cuda.device_count())")
@@ -28,6 +32,21 @@ run() {  # run NAME SECONDS CMD...: the command's output to OUT_DIR/NAME.log, it
     timeout "$seconds" "$@" >"$out/$name.log" 2>&1
     echo "exit $?"
     tail -n 12 "$out/$name.log"
+}
+serve_bg() {  # serve_bg PORT LOG: a Llama-3.1-8B server in the background; its pid on stdout
+    python3 -m engine.cli serve --model llama-3.1-8b --dummy-weights --tokenizer .gpu/tokenizer \
+        --device cuda --port "$1" --max-running 256 >"$2" 2>&1 &
+    echo $!
+}
+wait_ready() {  # wait_ready URL PID SECONDS: 0 once /health answers, 1 if the server died or timed out
+    for _ in $(seq "$3"); do
+        python3 -c "import httpx,sys; sys.exit(httpx.get('$1/health').status_code != 200)" \
+            2>/dev/null && return 0
+        kill -0 "$2" 2>/dev/null || { echo "server $2 died"; return 1; }
+        sleep 1
+    done
+    echo "server $2 not ready after $3 s"
+    return 1
 }
 for part in $parts; do
     case $part in
@@ -62,6 +81,27 @@ for part in $parts; do
         run profile 400 python3 -m engine.cli profile --model llama-3.1-8b --dummy-weights \
             --tokenizer .gpu/tokenizer --device cuda --max-seconds 240 \
             --out "$out/h200_llama-3.1-8b.csv"
+        ;;
+    validate)
+        profile_csv="$out/h200_llama-3.1-8b.csv"
+        run profile 300 python3 -m engine.cli profile --model llama-3.1-8b --dummy-weights \
+            --tokenizer .gpu/tokenizer --device cuda --max-seconds "${PROFILE_SECONDS:-140}" \
+            --out "$profile_csv"
+        pid=$(serve_bg 18400 "$out/validate_server.log")
+        if wait_ready http://127.0.0.1:18400 "$pid" 240; then
+            for x in $RATES; do
+                run "validate_rate$x" 200 python3 -m sim.cli validate traces/azure_conv.csv \
+                    --url http://127.0.0.1:18400 --profile "$profile_csv" \
+                    --tokenizer .gpu/tokenizer --max-running 256 --limit "$LIMIT" \
+                    --rate-scale "$x" --repeats 2 --no-report --no-progress \
+                    --out "$out/validate_rate$x"
+                cp "$out/validate_rate$x/comparison.json" "$out/comparison_rate$x.json"
+            done
+        else
+            tail -n 20 "$out/validate_server.log"
+        fi
+        kill "$pid" 2>/dev/null
+        wait "$pid" 2>/dev/null
         ;;
     *) echo "unknown part $part" ;;
     esac
