@@ -13,7 +13,8 @@
 #   serve     the offline workload over HTTP: Llama-3.1-8B (overlap on and off), Qwen3-0.6B
 #   profile   `engine profile` of the Llama-3.1-8B shape -> OUT_DIR/h200_llama-3.1-8b.csv
 #   validate  the profile, then `sim validate` of the Azure conversation trace against a live
-#             server at rate scales $RATES (default "3 5 7", $LIMIT requests each, default 300)
+#             server at rate scales $RATES (default "3 5 7", $LIMIT requests each, default 300);
+#             PROFILE=FILE validates against FILE instead of measuring a new profile
 # Each part writes its JSON/log files into OUT_DIR; the last lines of each log are printed.
 # On the lent machine only 8 files come back: run it on a scratch folder and tar that into $OUT.
 set -u
@@ -83,10 +84,12 @@ for part in $parts; do
             --out "$out/h200_llama-3.1-8b.csv"
         ;;
     validate)
-        profile_csv="$out/h200_llama-3.1-8b.csv"
-        run profile 300 python3 -m engine.cli profile --model llama-3.1-8b --dummy-weights \
-            --tokenizer .gpu/tokenizer --device cuda --max-seconds "${PROFILE_SECONDS:-140}" \
-            --out "$profile_csv"
+        profile_csv=${PROFILE:-$out/h200_llama-3.1-8b.csv}
+        if [ -z "${PROFILE:-}" ]; then
+            run profile 300 python3 -m engine.cli profile --model llama-3.1-8b --dummy-weights \
+                --tokenizer .gpu/tokenizer --device cuda --max-seconds "${PROFILE_SECONDS:-140}" \
+                --out "$profile_csv"
+        fi
         pid=$(serve_bg 18400 "$out/validate_server.log")
         if wait_ready http://127.0.0.1:18400 "$pid" 240; then
             for x in $RATES; do

@@ -95,17 +95,18 @@ def run_real(args: argparse.Namespace, trace: Trace, info: ServerInfo) -> list[R
     """The repeats of ``engine bench``, each written to its directory."""
     from engine.bench.client import Target
     from engine.bench.main import format_result, write_bench
-    from engine.bench.prompts import PromptMaker
+    from engine.bench.prompts import PromptMaker, fresh_salt
     from engine.bench.run import run_bench, tokenizer_for
 
     tokenizer, folder = tokenizer_for(args.tokenizer, info)
-    maker = PromptMaker(tokenizer)
     target = Target(info.url, info.model, info.ours)
     results = []
     for i in range(1, args.repeats + 1):
+        salt = fresh_salt()  # each run's prompts are new to the server's prefix cache
+        maker = PromptMaker(tokenizer, salt)
         before = os.getloadavg()[0]
-        result = run_bench(trace, target, maker, progress=not args.no_progress,
-                           config={"server": info.owned_by, "tokenizer": folder})  # fmt: skip
+        config = {"server": info.owned_by, "tokenizer": folder, "prompt_salt": salt}
+        result = run_bench(trace, target, maker, progress=not args.no_progress, config=config)
         after = os.getloadavg()[0]
         result.summary["bench"]["loadavg_1min"] = {"before": before, "after": after}
         write_bench(result, args.out / f"real-{i}", report=not args.no_report, timeline=True)

@@ -12,7 +12,7 @@ import pytest
 import torch
 from conftest import MODEL, Server
 
-from engine.bench.prompts import PromptMaker
+from engine.bench.prompts import PromptMaker, fresh_salt
 from engine.profile.main import profile_main
 from sim.cli import main as sim_main
 from sim.costs import TableCostModel, load_cpu_costs, read_profile
@@ -77,6 +77,10 @@ def test_prompts_have_exact_lengths_and_shared_blocks(model_ready: str) -> None:
     assert [len(ids[k]) for k in "abc"] == [1200, 700, 33]
     assert ids["a"][:512] == ids["b"][:512] and ids["a"][512] != ids["b"][512]
     assert maker.text(c) == maker.text(c) != maker.text(TraceRequest("d", 0.0, 33, 1))
+    # another salt: no shared text with this run, blocks included; the same salt: the same text
+    other = PromptMaker(tokenizer, fresh_salt())
+    assert tokenizer.encode(other.text(a))[1:8] != ids["a"][1:8]
+    assert other.text(b) != maker.text(b) and PromptMaker(tokenizer).text(b) == maker.text(b)
 
 
 def test_completions_carry_stage_timestamps_on_request(server: Server) -> None:

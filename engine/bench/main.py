@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from engine.bench.client import Target
-from engine.bench.prompts import PromptMaker
+from engine.bench.prompts import PromptMaker, fresh_salt
 from engine.bench.run import run_bench, tokenizer_for
 from engine.bench.server import server_info
 from sim.perfetto import TIMELINE_NAME, write_timeline
@@ -43,6 +43,11 @@ def build_parser() -> argparse.ArgumentParser:
         help="ask for this engine's stage timestamps (auto: when the server is this engine)",
     )
     p.add_argument("--warmup", type=int, default=1, help="untimed requests sent first")
+    p.add_argument(
+        "--prompt-salt",
+        help="seed prefix of the prompt texts (default: a fresh one, so that no run finds an "
+        "earlier run's prompts in the server's prefix cache; given, runs repeat exactly)",
+    )
     p.add_argument("--slo-ttft-ms", type=float)
     p.add_argument("--slo-tpot-ms", type=float)
     p.add_argument("--timeline", action="store_true", help=f"also write {TIMELINE_NAME}")
@@ -84,16 +89,18 @@ def bench_main(argv: list[str] | None = None) -> int:
         tokenizer, folder = tokenizer_for(args.tokenizer, info)
         meta = info.ours if args.server_timestamps == "auto" else args.server_timestamps == "on"
         target = Target(info.url, args.model or info.model, meta, args.api_key)
+        salt = fresh_salt() if args.prompt_salt is None else args.prompt_salt
         config = {
             "server": info.owned_by,
             "tokenizer": folder,
+            "prompt_salt": salt,
             "kv_pages_total": info.kv_pages_total,
             "max_model_len": info.max_model_len,
         }
         result = run_bench(
             trace,
             target,
-            PromptMaker(tokenizer),
+            PromptMaker(tokenizer, salt),
             progress=not args.no_progress,
             warmup=args.warmup,
             slo_ttft_ms=args.slo_ttft_ms,

@@ -9,6 +9,10 @@ the server's prefix cache where the trace says they would. Tokens a trace
 request has beyond its blocks, and every token of a request without blocks,
 are drawn from the request's own seed. Special tokens the tokenizer adds on
 its own (a BOS) are counted in the length.
+
+Every seed starts with the maker's ``salt``: runs with different salts share no
+prompt text, so a run never finds the prompts of an earlier run in the
+server's prefix cache (``engine bench`` draws a fresh salt per run).
 """
 
 from __future__ import annotations
@@ -25,7 +29,8 @@ WORD = re.compile(r" [a-z]{2,}")
 
 
 class PromptMaker:
-    def __init__(self, tokenizer: Any) -> None:
+    def __init__(self, tokenizer: Any, salt: str = "") -> None:
+        self.salt = salt
         self.words = one_token_words(tokenizer)
         if len(self.words) < 256:
             raise ValueError(
@@ -36,7 +41,7 @@ class PromptMaker:
         self._blocks: dict[int, list[str]] = {}
 
     def _draw(self, seed: str, n: int) -> list[str]:
-        return random.Random(seed).choices(self.words, k=n)
+        return random.Random(self.salt + seed).choices(self.words, k=n)
 
     def block(self, h: int) -> list[str]:
         words = self._blocks.get(h)
@@ -68,3 +73,8 @@ def one_token_words(tokenizer: Any) -> list[str]:
             if len(words) == MAX_WORDS:
                 break
     return words
+
+
+def fresh_salt() -> str:
+    """A salt no earlier run used (random), for ``PromptMaker``."""
+    return f"{random.SystemRandom().getrandbits(64):016x} "
