@@ -13,18 +13,36 @@ so ``comparison["ttft_ms"]["p50"]["rel_err"]`` (written ``ttft_ms.p50.rel_err``)
 is the simulator's relative error on median TTFT. A value that is missing or
 zero on the real side gives ``rel_err`` None. ``targets`` checks |rel_err|
 against a bound for the metrics named in ``TARGET_KEYS``.
+
+``ttft_parts`` splits TTFT at the two stage times both worlds record
+(``requests.csv``), with the same statistics per part, so a TTFT error can be
+traced to a stage: ``to_tokenized_ms`` (arrival to the end of tokenization:
+HTTP, frontend, tokenizer queue and work), ``to_scheduled_ms`` (tokenized to
+first scheduled: the hop to the scheduler and the wait for admission) and
+``to_first_token_ms`` (first scheduled to the first token at the client:
+prefill steps, detokenization, streaming).
 """
 
 from __future__ import annotations
 
 import itertools
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 LATENCIES = ("ttft_ms", "tpot_ms", "itl_ms", "e2e_ms")
 STATS = ("mean", "p50", "p90", "p99")
 THROUGHPUTS = ("request_throughput", "output_throughput")
 TARGET_KEYS = tuple(f"{m}.{q}" for m in ("ttft_ms", "tpot_ms", "e2e_ms") for q in ("p50", "p90"))
 TARGET_BOUND = 0.10
+TTFT_PARTS = {  # part -> (start column, end column) of requests.csv
+    "to_tokenized_ms": ("arrival", "tokenized"),
+    "to_scheduled_ms": ("tokenized", "first_scheduled"),
+    "to_first_token_ms": ("first_scheduled", "first_token"),
+}
 
 
 def relative_error(sim: float | None, real: float | None) -> float | None:
@@ -67,6 +85,28 @@ def compare(real: list[dict[str, Any]], sim: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
+def _part_stats(requests: pd.DataFrame, start: str, end: str) -> dict[str, float | None]:
+    done = requests[requests["status"] == "completed"]
+    ms = (done[end].to_numpy(np.float64) - done[start].to_numpy(np.float64)) * 1e3
+    ms = ms[np.isfinite(ms)]
+    if ms.size == 0:
+        return dict.fromkeys(STATS)
+    p50, p90, p99 = np.percentile(ms, [50, 90, 99])
+    return {"mean": float(ms.mean()), "p50": float(p50), "p90": float(p90), "p99": float(p99)}
+
+
+def ttft_parts(real: list[pd.DataFrame], sim: pd.DataFrame) -> dict[str, Any]:
+    """TTFT split at ``tokenized`` and ``first_scheduled``: real runs against the simulation,
+    each part with ``compare``'s statistics and errors (None where a server reports no
+    stage times)."""
+    out: dict[str, Any] = {}
+    for part, (start, end) in TTFT_PARTS.items():
+        runs = [_part_stats(r, start, end) for r in real]
+        s = _part_stats(sim, start, end)
+        out[part] = {q: entry([r[q] for r in runs], s[q]) for q in STATS}
+    return out
+
+
 def lookup(comparison: dict[str, Any], key: str) -> dict[str, Any]:
     """``comparison`` entry at a dotted key such as ``ttft_ms.p50``."""
     node = comparison
@@ -99,11 +139,13 @@ def format_comparison(comparison: dict[str, Any]) -> str:
 
     lines = [f"{'metric':<22}{'real':>12}{'sim':>12}{'rel err':>10}{'noise':>10}"]
     keys = [f"{m}.{q}" for m in LATENCIES for q in STATS] + list(THROUGHPUTS)
+    parts = comparison.get("ttft_parts", {})
+    keys += [f"ttft_parts.{p}.{q}" for p in parts for q in ("p50", "p90")]
     for key in keys:
         e = lookup(comparison, key)
         noise_text = "-" if e["noise"] is None else f"{e['noise']:.1%}"
         lines.append(
-            f"{key:<22}{num(e['real']):>12}{num(e['sim']):>12}"
+            f"{key.removeprefix('ttft_parts.'):<22}{num(e['real']):>12}{num(e['sim']):>12}"
             f"{num(e['rel_err'], pct=True):>10}{noise_text:>10}"
         )
     t = comparison["targets"]

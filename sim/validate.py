@@ -12,9 +12,13 @@
    noting the load average before and after each run.
 4. ``sim replay`` it once with the ``table`` cost model of ``--profile``
    (``sim/``); the CPU stage costs come from the profile too.
-5. Write ``comparison.json`` (``sim.compare``) and ``report.html`` (real and
-   simulated CDFs and timelines overlaid); every run also writes its own
-   outputs and ``timeline.json``.
+5. Write ``comparison.json`` (``sim.compare``, TTFT split by stage included)
+   and ``report.html`` (real and simulated CDFs and timelines overlaid); every
+   run also writes its own outputs and ``timeline.json``.
+
+With ``--real-from DIR`` instead of ``--url``, steps 1-3 are the runs an
+earlier validation recorded in ``DIR`` (``sim.revalidate``): a new profile
+is checked against the same real runs without a server.
 """
 
 from __future__ import annotations
@@ -26,27 +30,30 @@ import shlex
 import sys
 from dataclasses import fields, replace
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
-from sim.compare import compare, format_comparison
+from sim.compare import compare, format_comparison, ttft_parts
 from sim.config import SimConfig, build_config
-from sim.costs import read_profile
 from sim.jsonsafe import json_safe
 from sim.perfetto import TIMELINE_NAME, write_timeline
 from sim.replay import ReplayResult, run_replay, write_outputs
+from sim.revalidate import profile_dtype, recorded_config, recorded_runs, recorded_trace
 from sim.traces import Trace, load_trace
 
 if TYPE_CHECKING:
     from engine.bench.server import ServerInfo
 
-DTYPES = {"float32": "fp32", "bfloat16": "bf16", "float16": "fp16"}
-"""The simulator's name of a profile's ``dtype``."""
-
 
 def add_validate_args(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser("validate", help="compare a live server with its simulation")
     p.add_argument("trace", type=Path, help="a .jsonl (Mooncake fields) or Azure .csv trace")
-    p.add_argument("--url", required=True, help="the server's base URL")
+    p.add_argument("--url", help="the server's base URL")
+    p.add_argument(
+        "--real-from",
+        type=Path,
+        help="an earlier sim validate --out: simulate its recorded real runs again with "
+        "--profile, without a server (see sim/revalidate.py)",
+    )
     p.add_argument("--profile", required=True, help="profile CSV measured on the server's hardware")
     p.add_argument("--out", type=Path, required=True, help="output directory")
     p.add_argument("--repeats", type=int, default=2, help="real runs (noise needs two or more)")
@@ -85,7 +92,7 @@ def sim_config(args: argparse.Namespace, info: ServerInfo, num_pages: int) -> Si
     flags = {f.name: getattr(args, f.name) for f in fields(SimConfig) if hasattr(args, f.name)}
     if flags.get("overlap") is None:
         flags["overlap"] = info.overlap
-    dtype = DTYPES.get(read_profile(args.profile).provenance.get("dtype", ""))
+    dtype = profile_dtype(args.profile)
     model = args.model or info.model
     flags |= {"model": model, "num_pages": num_pages, "cost_model": "table", "dtype": dtype}
     return build_config(args.config, **flags)
@@ -136,10 +143,45 @@ def command_line(args: argparse.Namespace) -> str:
 
 
 def cmd_validate(args: argparse.Namespace) -> int:
-    from engine.bench.server import server_info
-
     if args.repeats < 1:
         raise ValueError("--repeats must be >= 1")
+    if (args.url is None) == (args.real_from is None):
+        raise ValueError("give --url (a live server) or --real-from DIR (an earlier validation)")
+    real: list[ReplayResult] | None = None
+    if args.real_from is not None:
+        record, recorded = recorded_runs(args.real_from)
+        trace = recorded_trace(args, record, recorded[0][1])
+        config = recorded_config(args, record)
+        summaries, frames = [s for s, _ in recorded], [r for _, r in recorded]
+        record["real_from"] = str(args.real_from)
+        args.out.mkdir(parents=True, exist_ok=True)
+    else:
+        trace, config, record, real = validate_live(args)
+        summaries, frames = [r.summary for r in real], [r.requests for r in real]
+    sim = run_sim(args, trace, config)
+    comparison = compare(summaries, sim.summary)
+    comparison["ttft_parts"] = ttft_parts(frames, sim.requests)
+    comparison["run"] = record | {
+        "profile": args.profile,
+        "sim_config": config.to_dict(),
+        "command": command_line(args),
+    }
+    (args.out / "comparison.json").write_text(json.dumps(json_safe(comparison), indent=2) + "\n")
+    if real is not None and not args.no_report:
+        from sim.validate_report import write_validation_report
+
+        write_validation_report(args.out, comparison, real, sim)
+    print(format_comparison(comparison))
+    print(f"\noutputs in {args.out}/")
+    return 0
+
+
+def validate_live(
+    args: argparse.Namespace,
+) -> tuple[Trace, SimConfig, dict[str, Any], list[ReplayResult]]:
+    """The server's trace slice, the simulator's config, the run record and the real runs."""
+    from engine.bench.server import server_info
+
     info = server_info(args.url)
     num_pages = args.num_pages or info.kv_pages_total
     if num_pages is None:
@@ -154,24 +196,12 @@ def cmd_validate(args: argparse.Namespace) -> int:
         print(f"left out {dropped} requests longer than the server's context", file=sys.stderr)
     args.out.mkdir(parents=True, exist_ok=True)
     real = run_real(args, trace, info)
-    sim = run_sim(args, trace, config)
-    comparison = compare([r.summary for r in real], sim.summary)
-    comparison["run"] = {
+    record = {
         "trace": trace.describe(),
         "dropped_requests": dropped,
         "url": info.url,
         "server_model": info.model,
-        "profile": args.profile,
         "repeats": args.repeats,
-        "sim_config": config.to_dict(),
-        "command": command_line(args),
         "loadavg_1min": [r.summary["bench"]["loadavg_1min"] for r in real],
     }
-    (args.out / "comparison.json").write_text(json.dumps(json_safe(comparison), indent=2) + "\n")
-    if not args.no_report:
-        from sim.validate_report import write_validation_report
-
-        write_validation_report(args.out, comparison, real, sim)
-    print(format_comparison(comparison))
-    print(f"\noutputs in {args.out}/")
-    return 0
+    return trace, config, record, real

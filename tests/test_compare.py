@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
+import numpy as np
+import pandas as pd
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -12,11 +14,13 @@ from sim.compare import (
     LATENCIES,
     STATS,
     TARGET_KEYS,
+    TTFT_PARTS,
     compare,
     format_comparison,
     lookup,
     noise,
     relative_error,
+    ttft_parts,
 )
 
 
@@ -74,6 +78,36 @@ def test_a_missing_real_value_misses_its_target() -> None:
     c = compare(real, summary(1.0))
     assert c["ttft_ms"]["p50"]["rel_err"] is None
     assert "ttft_ms.p50" in c["targets"]["missed"]
+
+
+def stage_frame(tokenize: list[float], wait: list[float], prefill: list[float]) -> pd.DataFrame:
+    arrival = np.arange(len(tokenize), dtype=float)
+    tokenized = arrival + np.asarray(tokenize)
+    scheduled = tokenized + np.asarray(wait)
+    return pd.DataFrame({
+        "status": ["completed"] * (len(tokenize) - 1) + ["error"],
+        "arrival": arrival, "tokenized": tokenized, "first_scheduled": scheduled,
+        "first_token": scheduled + np.asarray(prefill),
+    })  # fmt: skip
+
+
+def test_ttft_parts_split_ttft_at_the_stage_times() -> None:
+    real = [stage_frame([0.001, 0.003, 9.0], [0.010, 0.030, 9.0], [0.1, 0.1, 9.0])]
+    real.append(stage_frame([0.002, 0.004, 9.0], [0.020, 0.040, 9.0], [0.2, 0.2, 9.0]))
+    sim = stage_frame([0.002, 0.004, 9.0], [0.010, 0.030, 9.0], [0.1, 0.1, 9.0])
+    sim.loc[1, "tokenized"] = np.nan  # a stage time a run lacks leaves that request out
+    parts = ttft_parts(real, sim)
+    assert list(parts) == list(TTFT_PARTS)
+    tok = parts["to_tokenized_ms"]["mean"]  # the failed request (9 s) is left out
+    assert tok["real_runs"] == [pytest.approx(2.0), pytest.approx(3.0)]
+    assert tok["sim"] == pytest.approx(2.0) and tok["rel_err"] == pytest.approx(2.0 / 2.5 - 1)
+    assert parts["to_scheduled_ms"]["p50"]["sim"] == pytest.approx(10.0)
+    first = parts["to_first_token_ms"]["p90"]
+    assert first["real"] == pytest.approx(150.0) and first["rel_err"] == pytest.approx(-1 / 3)
+    c = compare([summary(1.0)], summary(1.0)) | {"ttft_parts": parts}
+    assert "to_first_token_ms.p90" in format_comparison(c)
+    empty = ttft_parts([sim.assign(tokenized=np.nan)], sim)["to_tokenized_ms"]["p50"]
+    assert empty["real"] is None and empty["rel_err"] is None
 
 
 @settings(max_examples=50, deadline=None)

@@ -118,7 +118,25 @@ def test_sim_validate_end_to_end(server: Server, profile: Path, tmp_path: Path) 
             assert e["real"] > 0 and e["sim"] > 0 and len(e["real_runs"]) == 2
             assert e["rel_err"] == pytest.approx(e["sim"] / e["real"] - 1)
             assert e["noise"] is not None
+    for part in ("to_tokenized_ms", "to_scheduled_ms", "to_first_token_ms"):
+        e = comparison["ttft_parts"][part]["p50"]
+        assert e["real"] > 0 and e["sim"] > 0 and len(e["real_runs"]) == 2
     assert comparison["run"]["sim_config"]["num_pages"] == 1024  # read from /metrics
+    again = tmp_path / "again"  # the recorded real runs, simulated again without the server
+    args = ["validate", str(trace), "--real-from", str(out), "--profile", str(profile),
+            "--out", str(again), "--no-progress"]  # fmt: skip
+    assert sim_main(args) == 0
+    redo = json.loads((again / "comparison.json").read_text())
+    for key in ("ttft_ms", "tpot_ms", "e2e_ms"):
+        assert redo[key]["p90"]["real_runs"] == comparison[key]["p90"]["real_runs"]
+        assert redo[key]["p90"]["sim"] == pytest.approx(comparison[key]["p90"]["sim"])
+    assert redo["run"]["real_from"] == str(out) and redo["run"]["sim_config"]["num_pages"] == 1024
+    assert not (again / "report.html").exists()
+    neither = ["validate", str(trace), "--profile", str(profile), "--out", str(tmp_path / "x")]
+    assert sim_main(neither) == 2
+    assert sim_main([*neither, "--real-from", str(tmp_path)]) == 2  # no comparison.json there
+    other = Path(__file__).resolve().parents[1] / "traces" / "azure_code.csv"
+    assert sim_main([*args[:1], str(other), *args[2:]]) == 2  # not the trace it recorded
     assert comparison["run"]["profile"] == str(profile)
     for run in ("real-1", "real-2", "sim"):
         summary = json.loads((out / run / "summary.json").read_text())
