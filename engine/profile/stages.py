@@ -27,7 +27,7 @@ def measure_stages(cfg: ServeConfig, repeats: int, info: dict[str, str]) -> list
     ids = list(tokenizer.encode(text, add_special_tokens=False))[:1024]
     print("timing the CPU stages: tokenize, detokenize, ipc, http, schedule", file=sys.stderr)
     costs = [
-        measure_tokenize(tokenizer, text[:4000], repeats),
+        measure_tokenize(tokenizer, cfg, repeats),
         measure_detokenize(tokenizer, ids[:256], repeats),
         measure_ipc(ids, repeats),
         *measure_http(repeats),
@@ -35,7 +35,8 @@ def measure_stages(cfg: ServeConfig, repeats: int, info: dict[str, str]) -> list
     per_step, per_request, points = measure_schedule(repeats)
     costs += [per_step, per_request]
     info["cpu_stages"] = (
-        f"tokenizer {cfg.tokenizer_path}; tokenize = prompt_ids per token of README prose; "
+        f"tokenizer {cfg.tokenizer_path}; tokenize = the worker's work on a "
+        "new 1024-token engine bench prompt, per token; "
         "detokenize = TokenBatch of 32 one-token items through Detokenizer.process, per token; "
         "ipc = half a ZeroMQ ipc:// round trip of a 1024-id TokenizedRequest; "
         f"frontend + stream = CPU time of the real app's event loop for {CONCURRENCY} "
