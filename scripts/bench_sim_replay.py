@@ -11,8 +11,9 @@ baseline and of this working tree alternately (same interpreter, same
 packages), ``--repeats`` times each, and records each run's wall time and peak
 resident memory (the child's ``ru_maxrss``). Speed is the ratio of medians
 measured in this one run, since the machine's speed varies from run to run.
-The two ``requests.csv`` files must agree: the same rows, statuses and token
-counts, and times within ``TIME_TOLERANCE_S``.
+The two ``requests.csv`` files must have the same rows, statuses and token
+counts; whether their times agree within ``TIME_TOLERANCE_S`` is recorded
+(``times_agree``: they do not when the default CPU costs changed in between).
 
 By phase (``--phases``, in-process): load, simulate, write outputs, with
 ``--profile`` the top of a cProfile of the simulation phase.
@@ -85,10 +86,8 @@ def compare_requests(a: Path, b: Path) -> dict[str, Any]:
             diffs[col] = float(np.max(np.abs(u[~both] - v[~both]), initial=0.0))
         elif not (x[col].fillna("") == y[col].fillna("")).all():
             raise SystemExit(f"{col} differs between {a} and {b}")
-    worst = {c: d for c, d in diffs.items() if not c.endswith("_ms")}
-    if max(worst.values(), default=0.0) > TIME_TOLERANCE_S:
-        raise SystemExit(f"per-request times differ by more than {TIME_TOLERANCE_S} s: {worst}")
-    return {"rows": len(x), "max_abs_diff": diffs}
+    worst = max((d for c, d in diffs.items() if not c.endswith("_ms")), default=0.0)
+    return {"rows": len(x), "times_agree": worst <= TIME_TOLERANCE_S, "max_abs_diff": diffs}
 
 
 def side_by_side(args: argparse.Namespace) -> None:
@@ -118,7 +117,9 @@ def side_by_side(args: argparse.Namespace) -> None:
     print(f"median wall: baseline {base['wall_s']:.2f} s, current {cur['wall_s']:.2f} s: "
           f"{speedup:.2f}x faster ({cpu_speedup:.2f}x in CPU time); peak RSS "
           f"{base['peak_rss_mb']:.0f} -> {cur['peak_rss_mb']:.0f} MB")  # fmt: skip
-    print(f"requests.csv agree ({agreement['rows']} rows); load {load_before} -> {load_after}")
+    same = "agree" if agreement["times_agree"] else f"differ beyond {TIME_TOLERANCE_S} s in time"
+    print(f"requests.csv {same} ({agreement['rows']} rows, same statuses and token counts); "
+          f"load {load_before} -> {load_after}")  # fmt: skip
     if args.json:
         described = subprocess.run(["git", "describe", "--always", "--dirty"], cwd=ROOT,
                                    text=True, capture_output=True)  # fmt: skip

@@ -147,10 +147,11 @@ class EngineLoop:
         """Up to ``k`` identical decode iterations at once; the plan left in flight, if any."""
         p, env, s = self.p, self.env, self.sched
         now = env.now
-        running = list(s.running.values())
-        batch = len(running)
-        context = sum(r.num_planned for r in running)
-        longest = max(r.num_planned for r in running)
+        rids = tuple(s.running)
+        planned = [r.num_planned for r in s.running.values()]
+        batch = len(planned)
+        context = sum(planned)
+        longest = max(planned)
         wall = p.gpu.decode_times(batch, context + batch, longest + 1, k)
         schedule = p.cpu.schedule_time(batch)
         if prev is None:  # strict: step j runs [start, start + cpu + gpu]; tokens at its end
@@ -166,20 +167,19 @@ class EngineLoop:
             starts = np.cumsum(np.concatenate(([max(now + cpu[0], prev.end)], gaps)))
             begins = np.concatenate(([now], starts[:-1]))  # iteration j begins as j-1 ends
             ends = token_times = starts  # iteration j completes the plan before step j
+        # a request reaching the scheduler before the run's end cuts it after the step
+        # running then (the clock's end of the whole run: now + (ends[-1] - now))
         j = k
-        if not p.nothing_to_come():
-            wake = p.wait_for_arrival()
-            done = env.timeout(float(ends[-1]) - now)
-            yield wake | done
-            if not done.processed:
-                j = max(1, int(np.searchsorted(begins, env.now, side="left")))
+        arrival = p.next_arrival()
+        if arrival is not None and arrival < now + (float(ends[-1]) - now):
+            j = max(1, int(np.searchsorted(begins, arrival, side="left")))
         stats = s.stats()
         run = s.advance_decode(j)
-        if run.context_tokens != context or run.rids != tuple(r.rid for r in running):
+        if run.context_tokens != context or run.rids != rids:
             raise RuntimeError("decode run differs from the running set the sim priced")
         p.num_runs += 1
-        if env.now < ends[j - 1]:
-            yield env.timeout(float(ends[j - 1]) - env.now)
+        if now < ends[j - 1]:
+            yield env.timeout(float(ends[j - 1]) - now)
         self._record_run(run, starts[:j], durations[:j], token_times[:j], stats)
         if run.in_flight is None:
             return None

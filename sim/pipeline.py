@@ -72,6 +72,17 @@ def _delay_to(now: float, t: float) -> float:
     return d
 
 
+def _landing_times(times: list[float], start: float) -> list[float]:
+    """The clock times at which a process starting at ``start`` that waits
+    ``_delay_to(now, t)`` for each of the sorted ``times`` in turn resumes."""
+    out, now = [], start
+    for t in times:
+        if t > now:
+            now = now + _delay_to(now, t)
+        out.append(now)
+    return out
+
+
 class Progress:
     """What the pipeline reports as requests end (a tqdm bar, or nothing)."""
 
@@ -125,6 +136,9 @@ class Pipeline:
         self._inbox: list[int] = []
         self._wake: simpy.Event | None = None
         self._not_arrived = n
+        at = self.front.sched_arrival
+        self._order = sorted(range(n), key=at.__getitem__)  # arrival order at the scheduler
+        self._landed = _landing_times([at[i] for i in self._order], self.env.now)
         self._done = 0
         self.num_runs = 0
         self.steps_in_runs = 0
@@ -140,7 +154,7 @@ class Pipeline:
         """Requests reach the scheduler at their ``sched_arrival`` (``sim.frontend``), as
         the clock can land on it (``_delay_to``)."""
         env, at = self.env, self.front.sched_arrival
-        for i in sorted(range(len(at)), key=at.__getitem__):
+        for i in self._order:
             if at[i] > env.now:
                 yield env.timeout(_delay_to(env.now, at[i]))
             at[i] = env.now
@@ -153,6 +167,13 @@ class Pipeline:
     def wait_for_arrival(self) -> simpy.Event:
         self._wake = self.env.event()
         return self._wake
+
+    def next_arrival(self) -> float | None:
+        """When the next request on its way reaches the scheduler (None: none is), known
+        ahead because the arrivals process lands on precomputed times."""
+        if not self._not_arrived:
+            return None
+        return self._landed[len(self._landed) - self._not_arrived]
 
     # ------------------------------------------------------------------ for the engine loop
     def nothing_to_come(self) -> bool:

@@ -38,10 +38,13 @@ def run_length(s: Scheduler, max_steps: int) -> int:
     if plan is not None and not _continues(s, plan):
         return 0
     k = max_steps
+    decoding = RequestStatus.DECODING
     for req in s.running.values():
-        if req.status is not RequestStatus.DECODING:
+        if req.status is not decoding:
             return 0
-        k = min(k, req.remaining_tokens - 1)
+        last = req.max_new_tokens - len(req.output) - 1  # the run must not finish it
+        if last < k:
+            k = last
     if k <= 0:
         return 0
     evictions_allowed = True
@@ -55,7 +58,8 @@ def run_length(s: Scheduler, max_steps: int) -> int:
     if evictions_allowed:
         available += s.memory.evictable
     running = s.running.values()
-    if _pages_needed(running, k, s.page_size) <= available:
+    most = len(running) * -(-k // s.page_size)  # each request's pages cover its tokens so far
+    if most <= available or _pages_needed(running, k, s.page_size) <= available:
         return k
     lo, hi = 0, k  # largest k' <= k with pages_needed(k') <= available
     while lo < hi:
@@ -127,15 +131,15 @@ def _take_pages(s: Scheduler, n: int) -> list[int]:
 
 
 def advance(s: Scheduler, k: int) -> DecodeRun:
-    """Apply ``k`` pure-decode steps at once (see ``Scheduler.advance_decode``)."""
-    if k <= 0 or k > run_length(s, k):
-        raise ValueError(f"cannot advance {k} decode steps from this state")
+    """Apply ``k`` pure-decode steps at once; the caller checked ``0 < k <= run_length(s, k)``
+    (see ``Scheduler.advance_decode``)."""
     ps = s.page_size
     running = list(s.running.values())
     grows: list[tuple[int, int]] = []  # (step index in run, batch index)
     for idx, req in enumerate(running):
         first = len(req.pages) * ps - req.num_planned + 1  # first step needing a new page
-        grows.extend((j, idx) for j in range(max(first, 1), k + 1, ps))
+        if first <= k:
+            grows.extend((j, idx) for j in range(max(first, 1), k + 1, ps))
     grows.sort()
     new_pages = [0] * k
     added: dict[int, list[int]] = {}  # batch index -> its new pages, in step order
@@ -168,7 +172,7 @@ def advance(s: Scheduler, k: int) -> DecodeRun:
     return DecodeRun(
         first_step=first_step,
         k=k,
-        rids=tuple(r.rid for r in running),
+        rids=tuple(s.running),
         context_tokens=context,
         new_pages=tuple(new_pages),
         blocked=blocked,

@@ -73,6 +73,8 @@ class Scheduler:
         self._aborted: list[Request] = []  # marked, released at the next step
         self.step = 0
         self._seq = 0
+        self._changes = 0  # calls that changed the state (add, abort, schedule, ...)
+        self._run_checked = (-1, 0)  # (_changes, k) of the last decode_run_length
         self.prompt_tokens = 0
         self.cached_tokens = 0
 
@@ -82,6 +84,7 @@ class Scheduler:
         if req.rid in self.requests:
             raise RequestRejected(f"duplicate request id {req.rid!r}")
         check_servable(req, self.config)
+        self._changes += 1
         req.status = RequestStatus.WAITING
         req.seq = self._seq
         self._seq += 1
@@ -93,6 +96,7 @@ class Scheduler:
         req = self.requests.get(rid)
         if req is None or req.status is RequestStatus.ABORTED:
             return False
+        self._changes += 1
         req.status = RequestStatus.ABORTED
         self._aborted.append(req)
         return True
@@ -136,6 +140,7 @@ class Scheduler:
         Raises ``PlanOrderError`` when two plans are outstanding already.
         """
         self.in_flight.check_can_schedule()
+        self._changes += 1
         self.step += 1
         aborted = self._release_aborted()
         if not self.running:
@@ -298,6 +303,7 @@ class Scheduler:
         plan was made produce nothing.
         """
         done = self.in_flight.pop(plan)
+        self._changes += 1
         for held in done.held:
             self.memory.give_back(held, self.step)
         events: list[Event] = []
@@ -380,7 +386,9 @@ class Scheduler:
         See ``engine.scheduler.decode_run`` for the conditions; stop tokens are
         not foreseen, so this is for callers that pass no tokens (simulation).
         """
-        return decode_run.run_length(self, max_steps)
+        k = decode_run.run_length(self, max_steps)
+        self._run_checked = (self._changes, k)
+        return k
 
     def advance_decode(self, k: int) -> DecodeRun:
         """Apply ``k`` pure-decode steps at once, exactly as ``k`` single steps would.
@@ -390,4 +398,10 @@ class Scheduler:
         is ``schedule`` + ``complete`` of the plan before, and the run's last
         plan is left in flight (``DecodeRun.in_flight``).
         """
+        changes, length = self._run_checked  # still valid if nothing changed since
+        if changes != self._changes:
+            length = decode_run.run_length(self, k)
+        if k <= 0 or k > length:
+            raise ValueError(f"cannot advance {k} decode steps from this state")
+        self._changes += 1
         return decode_run.advance(self, k)
