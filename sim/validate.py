@@ -44,6 +44,10 @@ if TYPE_CHECKING:
     from engine.bench.server import ServerInfo
 
 
+REAL_FROM_READS = ("real_from", "profile", "overlap", "out", "no_report", "no_progress")
+"""The options ``--real-from`` reads; the recorded run fixes the others."""
+
+
 def add_validate_args(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser("validate", help="compare a live server with its simulation")
     p.add_argument("trace", type=Path, help="a .jsonl (Mooncake fields) or Azure .csv trace")
@@ -132,10 +136,12 @@ def run_sim(args: argparse.Namespace, trace: Trace, config: SimConfig) -> Replay
 
 
 def command_line(args: argparse.Namespace) -> str:
-    """The ``sim validate`` command with every option spelled out."""
+    """The ``sim validate`` command with every option it read spelled out."""
     parts = ["sim", "validate", str(args.trace)]
     for key, value in vars(args).items():
         if key in ("trace", "command", "func") or value is None or value is False:
+            continue
+        if args.real_from is not None and key not in REAL_FROM_READS:
             continue
         flag = "--" + key.replace("_", "-")
         parts += [flag] if value is True else [flag, str(value)]

@@ -131,6 +131,7 @@ def test_sim_validate_end_to_end(server: Server, profile: Path, tmp_path: Path) 
         assert redo[key]["p90"]["real_runs"] == comparison[key]["p90"]["real_runs"]
         assert redo[key]["p90"]["sim"] == pytest.approx(comparison[key]["p90"]["sim"])
     assert redo["run"]["real_from"] == str(out) and redo["run"]["sim_config"]["num_pages"] == 1024
+    assert "--rate-scale" not in redo["run"]["command"] and "--profile" in redo["run"]["command"]
     assert not (again / "report.html").exists()
     neither = ["validate", str(trace), "--profile", str(profile), "--out", str(tmp_path / "x")]
     assert sim_main(neither) == 2
