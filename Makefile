@@ -1,13 +1,14 @@
 # Two entry points, each installing what it needs first:
 #   make demo   install, then replay a real trace and write its report
-#   make test   install, then lint, type-check and run the whole test suite
+#   make test   install, then lint, type-check, check the architecture and dead code, and run
+#               the whole test suite
 PYTHON ?= python3
 VENV   ?= .venv
 PY     := $(VENV)/bin/python
 PIP    := $(PY) -m pip
 STAMP  := $(VENV)/.installed
 
-.PHONY: install demo test lint typecheck pytest model clean
+.PHONY: install demo test lint typecheck architecture deadcode pytest model clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -28,16 +29,24 @@ demo: $(STAMP)
 	@echo "report: out/demo/report.html"
 
 lint: $(STAMP)
-	$(VENV)/bin/ruff check engine sim tests scripts
-	$(VENV)/bin/ruff format --check engine sim tests scripts
+	$(VENV)/bin/ruff check lab engine sim core schema tests scripts
+	$(VENV)/bin/ruff format --check lab engine sim core schema tests scripts
 
 typecheck: $(STAMP)
 	$(VENV)/bin/mypy
 
+# the layers and their contracts in pyproject.toml ([tool.importlinter])
+architecture: $(STAMP)
+	$(VENV)/bin/lint-imports
+
+# unused code ([tool.vulture] in pyproject.toml)
+deadcode: $(STAMP)
+	$(VENV)/bin/vulture
+
 pytest: $(STAMP) model
 	$(VENV)/bin/pytest -q
 
-test: lint typecheck pytest
+test: lint typecheck architecture deadcode pytest
 
 clean:
 	rm -rf $(VENV) out .pytest_cache .mypy_cache .ruff_cache .hypothesis

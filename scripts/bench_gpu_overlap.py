@@ -4,7 +4,7 @@ Run on the GPU machine (after ``source scripts/gpu_env.sh``)::
 
     python3 scripts/bench_gpu_overlap.py --out $OUT/overlap.json
 
-The serving engine's step loop (``Engine.advance``: the real scheduler core, the
+The serving engine's step loop (``StepDriver.advance``: the real scheduler core, the
 inputs, the runner's launch, completion) drives ``--batch`` requests of
 ``--prompt`` tokens that each generate ``--new`` tokens, once strictly
 alternating and once overlapped (step N+1 launched before step N is finished).
@@ -27,16 +27,16 @@ from typing import Any
 
 import torch
 
-from engine.messages import TokenizedRequest
+from core.scheduler import SchedulerConfig
+from engine.ipc.messages import TokenizedRequest
 from engine.runner import ModelRunner, RunnerArgs
 from engine.sampling import SamplingParams
-from engine.scheduler import SchedulerConfig
-from engine.scheduler_proc.engine import Engine, Launched
+from engine.scheduler_proc.driver import Launched, StepDriver
 
 
 def run(runner: ModelRunner, batch: int, prompt: int, new: int, overlap: bool) -> dict[str, Any]:
     config = SchedulerConfig(num_pages=runner.num_pages, max_running=batch)
-    engine = Engine(config, runner.launch, [])
+    engine = StepDriver(config, runner.launch, [])
     params = SamplingParams(temperature=0.0, ignore_eos=True, max_new_tokens=new)
     for i in range(batch):
         ids = [(13 * i + j) % 20000 + 1 for j in range(prompt)]

@@ -40,11 +40,11 @@ import torch.multiprocessing as mp
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from measure_h200_ceilings import copy_bandwidth, matmul_flops
 
+from core.scheduler import DecodeSlot, Plan, PrefillChunk
 from engine.runner import ModelRunner, RunnerArgs, StepInputs
 from engine.runner.inputs import FROM_LAST_SAMPLE
 from engine.runner.tp import TPLeader, follower_main
 from engine.sampling import SamplingParams
-from engine.scheduler import DecodeSlot, Plan, PrefillChunk
 
 GREEDY = SamplingParams(temperature=0.0)
 PAGE = 16

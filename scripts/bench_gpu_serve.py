@@ -109,7 +109,7 @@ def start_server(args: argparse.Namespace, log: Path) -> tuple[subprocess.Popen[
     cmd = [
         sys.executable,
         "-m",
-        "engine.cli",
+        "lab.cli.engine",
         "serve",
         "--model",
         args.model,

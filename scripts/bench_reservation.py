@@ -14,9 +14,9 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from schema.traces import load_trace
 from sim.config import build_config
 from sim.replay import run_replay
-from sim.traces import load_trace
 
 
 def measure(trace: Any, num_pages: int, overlap: bool, reserve: bool) -> dict[str, Any]:

@@ -13,7 +13,7 @@ import statistics
 import sys
 import time
 
-from engine.scheduler import Plan, Request, Scheduler, SchedulerConfig
+from core.scheduler import Plan, Request, Scheduler, SchedulerConfig
 
 
 def build(num_requests: int, prompt_len: int, page_size: int, prefix_cache: bool) -> Scheduler:

@@ -6,7 +6,7 @@ Side by side (the speed figures of ``reports/sim_replay_speed.md``)::
         --json reports/sim_replay_speed.json
 
 exports the baseline commit with ``git archive`` into a temporary folder, then
-runs the whole command ``python -m sim.cli replay TRACE --out DIR`` of the
+runs the whole command ``python -m lab.cli.sim replay TRACE --out DIR`` of the
 baseline and of this working tree alternately (same interpreter, same
 packages), ``--repeats`` times each, and records each run's wall time and peak
 resident memory (the child's ``ru_maxrss``). Speed is the ratio of medians
@@ -58,7 +58,7 @@ def export_commit(rev: str, dest: Path) -> str:
 
 def timed_replay(tree: Path, trace: Path, out: Path, extra: list[str]) -> dict[str, float]:
     """Run the tree's whole ``sim replay`` command; its wall time and peak RSS."""
-    cmd = [sys.executable, "-m", "sim.cli", "replay", str(trace), "--out", str(out),
+    cmd = [sys.executable, "-m", "lab.cli.sim", "replay", str(trace), "--out", str(out),
            "--no-progress", *extra]  # fmt: skip
     env = {**os.environ, "PYTHONPATH": str(tree)}
     start = time.perf_counter()
@@ -127,7 +127,7 @@ def side_by_side(args: argparse.Namespace) -> None:
                    "loadavg_before": load_before, "loadavg_after": load_after}  # fmt: skip
         record = {
             "command": " ".join([Path(sys.executable).name, *sys.argv]),
-            "replay_command": f"python -m sim.cli replay {args.trace} --out DIR --no-progress "
+            "replay_command": f"python -m lab.cli.sim replay {args.trace} --out DIR --no-progress "
             + " ".join(args.extra),
             "baseline": {"rev": args.baseline, "sha": sha},
             "current": described.stdout.strip(),
@@ -143,9 +143,10 @@ def side_by_side(args: argparse.Namespace) -> None:
 
 
 def phases(args: argparse.Namespace) -> None:
+    from lab.outputs import write_outputs
+    from schema.traces import load_trace
     from sim.config import build_config
-    from sim.replay import run_replay, write_outputs
-    from sim.traces import load_trace
+    from sim.replay import run_replay
 
     t0 = time.perf_counter()
     trace = load_trace(args.trace)

@@ -35,7 +35,7 @@ run() {  # run NAME SECONDS CMD...: the command's output to OUT_DIR/NAME.log, it
     tail -n 12 "$out/$name.log"
 }
 serve_bg() {  # serve_bg PORT LOG: a Llama-3.1-8B server in the background; its pid on stdout
-    python3 -m engine.cli serve --model llama-3.1-8b --dummy-weights --tokenizer .gpu/tokenizer \
+    python3 -m lab.cli.engine serve --model llama-3.1-8b --dummy-weights --tokenizer .gpu/tokenizer \
         --device cuda --port "$1" --max-running 256 >"$2" 2>&1 &
     echo $!
 }
@@ -79,21 +79,21 @@ for part in $parts; do
             --out "$out/serve_qwen3.json"
         ;;
     profile)
-        run profile 400 python3 -m engine.cli profile --model llama-3.1-8b --dummy-weights \
+        run profile 400 python3 -m lab.cli.engine profile --model llama-3.1-8b --dummy-weights \
             --tokenizer .gpu/tokenizer --device cuda --max-seconds 240 \
             --out "$out/h200_llama-3.1-8b.csv"
         ;;
     validate)
         profile_csv=${PROFILE:-$out/h200_llama-3.1-8b.csv}
         if [ -z "${PROFILE:-}" ]; then
-            run profile 300 python3 -m engine.cli profile --model llama-3.1-8b --dummy-weights \
+            run profile 300 python3 -m lab.cli.engine profile --model llama-3.1-8b --dummy-weights \
                 --tokenizer .gpu/tokenizer --device cuda --max-seconds "${PROFILE_SECONDS:-140}" \
                 --out "$profile_csv"
         fi
         pid=$(serve_bg 18400 "$out/validate_server.log")
         if wait_ready http://127.0.0.1:18400 "$pid" 240; then
             for x in $RATES; do
-                run "validate_rate$x" 200 python3 -m sim.cli validate traces/azure_conv.csv \
+                run "validate_rate$x" 200 python3 -m lab.cli.sim validate traces/azure_conv.csv \
                     --url http://127.0.0.1:18400 --profile "$profile_csv" \
                     --tokenizer .gpu/tokenizer --max-running 256 --limit "$LIMIT" \
                     --rate-scale "$x" --repeats 2 --no-report --no-progress \

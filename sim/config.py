@@ -15,15 +15,16 @@ from __future__ import annotations
 import json
 import math
 import tomllib
-from dataclasses import asdict, dataclass, fields, replace
+from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
 
-from engine.scheduler import POLICIES, SchedulerConfig
+from core.scheduler import POLICIES, SchedulerConfig
 from sim.costs import CostSpec, Profile
 from sim.costs.presets import DTYPE_BYTES, hardware, model_shape
 
 SECTIONS = ("scheduler", "model", "costs", "pipeline")
+SCHEDULER_KEYS = frozenset(f.name for f in fields(SchedulerConfig))
 
 
 @dataclass(frozen=True, slots=True)
@@ -37,28 +38,20 @@ class SimConfig:
     dtype: str = "bf16"
     kv_dtype: str = "bf16"
     gpu_memory_fraction: float = 0.9
-    # scheduler
-    num_pages: int | None = None
+    # scheduler: the core's settings, and the KV memory that sizes num_pages when it is None
+    scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
     kv_memory_gb: float | None = None  # KV cache bytes per GPU, in 1e9 bytes
-    page_size: int = 16
-    max_running: int = 256
-    max_prefill_tokens: int = 8192
-    policy: str = "fcfs"
-    prefix_cache: bool = True
-    reserve_decode: bool = False  # admission reserves decode growth (the new-token ratio)
-    init_new_token_ratio: float = 0.7
-    min_new_token_ratio: float = 0.098
-    new_token_ratio_decay_steps: int = 600
     # costs
     cost_model: str = "roofline"
     profile: str | None = None
     cpu_profile: str | None = None  # None: the committed profiles/cpu_costs.csv
     # pipeline
     num_tokenizers: int = 1
-    overlap: bool = False  # overlap scheduling: plan step N+1 while step N runs (sim.engine_loop)
+    overlap: bool = (
+        False  # overlap scheduling: plan step N+1 while step N runs (sim.model.scheduler_loop)
+    )
     fast_forward: bool = True
     max_run_steps: int = 4096
-    seed: int = 0
     slo_ttft_ms: float | None = None
     slo_tpot_ms: float | None = None
 
@@ -70,26 +63,14 @@ class SimConfig:
                 raise ValueError(f"{name} must be one of {sorted(DTYPE_BYTES)}")
         if self.dtype not in hw.peak_flops and self.cost_model == "roofline":
             raise ValueError(f"no measured {self.dtype} peak for {hw.name}")
-        if self.policy not in POLICIES:
-            raise ValueError(f"unknown policy {self.policy!r}; known: {sorted(POLICIES)}")
-        for name in (
-            "tp",
-            "page_size",
-            "max_running",
-            "max_prefill_tokens",
-            "num_tokenizers",
-            "max_run_steps",
-            "new_token_ratio_decay_steps",
-        ):
+        if self.scheduler.policy not in POLICIES:
+            raise ValueError(f"unknown policy {self.scheduler.policy!r}; known: {sorted(POLICIES)}")
+        for name in ("tp", "num_tokenizers", "max_run_steps"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"{name} must be a positive integer, got {value!r}")
-        if not 0 <= self.min_new_token_ratio <= self.init_new_token_ratio <= 1:
-            raise ValueError("need 0 <= min_new_token_ratio <= init_new_token_ratio <= 1")
         if not 0 < self.gpu_memory_fraction <= 1:
             raise ValueError("gpu_memory_fraction must be in (0, 1]")
-        if self.num_pages is not None and self.num_pages < 1:
-            raise ValueError("num_pages must be >= 1")
         if self.kv_memory_gb is not None and not self.kv_memory_gb > 0:
             raise ValueError("kv_memory_gb must be > 0")
         for name in ("slo_ttft_ms", "slo_tpot_ms"):
@@ -104,9 +85,9 @@ class SimConfig:
 
     def resolved_num_pages(self) -> int:
         """KV pages per the rules in the module docstring."""
-        if self.num_pages is not None:
-            return self.num_pages
-        page_bytes = self.page_size * self.kv_bytes_per_token_per_gpu()
+        if self.scheduler.num_pages is not None:
+            return self.scheduler.num_pages
+        page_bytes = self.scheduler.page_size * self.kv_bytes_per_token_per_gpu()
         if self.kv_memory_gb is not None:
             kv_bytes = self.kv_memory_gb * 1e9
         else:
@@ -121,24 +102,28 @@ class SimConfig:
         return pages
 
     def scheduler_config(self) -> SchedulerConfig:
-        return SchedulerConfig(
-            num_pages=self.resolved_num_pages(),
-            page_size=self.page_size,
-            max_running=self.max_running,
-            max_prefill_tokens=self.max_prefill_tokens,
-            policy=self.policy,
-            prefix_cache=self.prefix_cache,
-            reserve_decode=self.reserve_decode,
-            init_new_token_ratio=self.init_new_token_ratio,
-            min_new_token_ratio=self.min_new_token_ratio,
-            new_token_ratio_decay_steps=self.new_token_ratio_decay_steps,
-        )
+        """The core's configuration, with ``num_pages`` sized."""
+        return replace(self.scheduler, num_pages=self.resolved_num_pages())
+
+    @classmethod
+    def from_flat(cls, **values: Any) -> SimConfig:
+        """A config from flat keys: a ``SchedulerConfig`` field's name sets the scheduler's."""
+        settings = {k: values.pop(k) for k in SCHEDULER_KEYS & values.keys()}
+        return cls(scheduler=SchedulerConfig(**settings), **values)
+
+    def __getattr__(self, name: str) -> Any:
+        """The scheduler's settings read flat too: ``config.policy``."""
+        if name in SCHEDULER_KEYS:
+            return getattr(self.scheduler, name)
+        raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
 
     def cost_spec(self, profile: Profile | None) -> CostSpec:
         return CostSpec(self.model, self.hardware, self.tp, self.dtype, self.kv_dtype, profile)
 
     def to_dict(self) -> dict[str, Any]:
+        """Flat keys, as a config file gives them, and the page count they resolve to."""
         out = asdict(self)
+        out.update(out.pop("scheduler"))
         out["resolved_num_pages"] = self.resolved_num_pages()
         return out
 
@@ -161,7 +146,7 @@ def read_config_file(path: Path | str) -> dict[str, Any]:
             flat.update(value)
         else:
             flat[key] = value
-    known = {f.name for f in fields(SimConfig)}
+    known = CONFIG_KEYS
     unknown = sorted(set(flat) - known)
     if unknown:
         raise ValueError(f"{path}: unknown config keys {unknown}; known: {sorted(known)}")
@@ -174,4 +159,8 @@ def build_config(file: Path | str | None = None, /, **overrides: Any) -> SimConf
     values.update({k: v for k, v in overrides.items() if v is not None})
     if values.get("profile") and "cost_model" not in values:
         values["cost_model"] = "table"
-    return replace(SimConfig(), **values)
+    return SimConfig.from_flat(**values)
+
+
+CONFIG_KEYS = frozenset(f.name for f in fields(SimConfig) if f.name != "scheduler") | SCHEDULER_KEYS
+"""The keys of a config file (and of ``build_config``): flat, scheduler settings included."""

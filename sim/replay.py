@@ -1,46 +1,36 @@
-"""``sim replay``: run a trace through the pipeline and write its outputs.
-
-Outputs in ``out_dir``: ``requests.csv``, the step table (``steps.csv`` by
-default, the compact ``steps.parquet`` on request, or none), ``queues.csv``, ``summary.json``
-and, when ``sim.report`` is available, ``report.html``.
-"""
+"""A replay: a trace through the simulated pipeline, as the frames and summary of a run."""
 
 from __future__ import annotations
 
-import json
 import sys
 import time
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pandas as pd
 from tqdm import tqdm
 
-from engine.scheduler import Scheduler
-from sim.calls import RecordingScheduler
+from core.scheduler import Scheduler
+from schema.jsonsafe import json_safe
+from schema.metrics import REQUEST_COLUMNS, TIME_COLUMNS, summarize
+from schema.run import RunResult
+from schema.traces import Trace
 from sim.config import SimConfig
 from sim.costs import load_cpu_costs, make_cost_model, read_profile
 from sim.costs.base import CpuCosts, GpuCostModel
-from sim.jsonsafe import json_safe
-from sim.metrics import request_frame, summarize
-from sim.pipeline import Pipeline, Progress
-from sim.samples import WeightedSamples
-from sim.tables import STEP_FORMATS, write_csv, write_parquet
-from sim.traces import Trace
+from sim.model.calls import RecordingScheduler
+from sim.model.pipeline import Pipeline, Progress
+from sim.model.scheduler_loop import LoopSettings
 
 PROGRESS_MIN_REQUESTS = 1000
 
 
 @dataclass(slots=True)
-class ReplayResult:
-    summary: dict[str, Any]
-    requests: pd.DataFrame
-    steps: pd.DataFrame
-    queues: pd.DataFrame
-    itl_s: WeightedSamples
-    scheduler: Any  # the Scheduler (or RecordingScheduler) that was driven
+class ReplayResult(RunResult):
+    """A simulated run, and the scheduler (or ``RecordingScheduler``) that was driven."""
+
+    scheduler: Any = None
 
 
 class _Bar(Progress):
@@ -82,9 +72,7 @@ def run_replay(
         gpu,
         cpu,
         num_tokenizers=config.num_tokenizers,
-        overlap=config.overlap,
-        fast_forward=config.fast_forward,
-        max_run_steps=config.max_run_steps,
+        loop=LoopSettings(config.overlap, config.fast_forward, config.max_run_steps),
         progress=bar,
     )
     try:
@@ -98,8 +86,8 @@ def run_replay(
     itl = pipeline.itl()
     fast_forward = {
         "enabled": config.fast_forward,
-        "runs": pipeline.num_runs,
-        "steps_in_runs": pipeline.steps_in_runs,
+        "runs": pipeline.loop.num_runs,
+        "steps_in_runs": pipeline.loop.steps_in_runs,
     }
     del pipeline  # its records are in the frames now; the summary's work needs the room
     stats = scheduler.stats()
@@ -143,34 +131,38 @@ def queue_frame(p: Pipeline) -> pd.DataFrame:
     return frame.sort_values("time", kind="stable").reset_index(drop=True)
 
 
-def write_steps(steps: pd.DataFrame, out_dir: Path, fmt: str) -> None:
-    """The step table in ``fmt`` (one of ``STEP_FORMATS``)."""
-    if fmt == "parquet":
-        write_parquet(steps, out_dir / "steps.parquet")
-    elif fmt == "csv":
-        write_csv(steps, out_dir / "steps.csv")
-    elif fmt != "none":
-        raise ValueError(f"unknown step table format {fmt!r}; known: {list(STEP_FORMATS)}")
-
-
-def write_outputs(
-    result: ReplayResult, out_dir: Path, *, report: bool = True, steps: str = "csv"
-) -> dict[str, Any]:
-    """Write the output files; return the summary (with the verdict when a report was made)."""
-    out_dir.mkdir(parents=True, exist_ok=True)
-    write_csv(result.requests, out_dir / "requests.csv")
-    write_steps(result.steps, out_dir, steps)
-    write_csv(result.queues, out_dir / "queues.csv")
-    summary = result.summary
-    if report:
-        try:
-            from sim.report import write_report
-        except ImportError as exc:
-            print(f"note: no HTML report (sim.report is not available: {exc})", file=sys.stderr)
-        else:
-            verdict = write_report(
-                out_dir, summary, result.requests, result.steps, result.queues, result.itl_s
-            )
-            summary["bottleneck"] = json_safe(verdict)
-    (out_dir / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
-    return summary
+def request_frame(p: Pipeline) -> pd.DataFrame:
+    t = {k: np.asarray(v, dtype=np.float64) for k, v in p.times.items()}
+    if p.delivered is None:
+        raise RuntimeError("request_frame() before the pipeline ran")
+    out_tokens = p.delivered.output_tokens
+    completed = np.asarray([s == "completed" for s in p.status])
+    ttft = np.where(completed, (t["first_token"] - t["arrival"]) * 1e3, np.nan)
+    e2e = np.where(completed, (t["finished"] - t["arrival"]) * 1e3, np.nan)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        tpot = np.where(completed & (out_tokens > 1), (e2e - ttft) / (out_tokens - 1), np.nan)
+    return pd.DataFrame(
+        {
+            "rid": [r.rid for r in p.trace],
+            "status": p.status,
+            "reason": p.reason,
+            **{k: t[k] for k in TIME_COLUMNS},
+            "input_tokens": np.asarray([r.input_length for r in p.trace], dtype=np.int64),
+            "output_tokens": out_tokens,
+            "cached_tokens": np.asarray(p.cached_tokens, dtype=np.int64),
+            "num_preemptions": np.asarray(p.preemptions, dtype=np.int64),
+            "ttft_ms": ttft,
+            "tpot_ms": tpot,
+            "e2e_ms": e2e,
+            "tokenizer_queue_ms": (t["tokenize_start"] - t["tokenizer_enter"]) * 1e3,
+            "tokenize_ms": (t["tokenized"] - t["tokenize_start"]) * 1e3,
+            "ipc_ms": (t["tokenizer_enter"] - t["parsed"] + t["sched_arrival"] - t["tokenized"])
+            * 1e3,
+            "scheduler_wait_ms": (t["first_scheduled"] - t["sched_arrival"]) * 1e3,
+            "prefill_ms": (t["first_token"] - t["first_scheduled"]) * 1e3,
+            "decode_ms": (t["finished"] - t["first_token"]) * 1e3,
+            "detokenize_ms": p.delivered.detokenize_s * 1e3,
+            "frontend_ms": (t["parsed"] - t["arrival"]) * 1e3,
+        },
+        columns=list(REQUEST_COLUMNS),
+    )

@@ -102,7 +102,7 @@ def start_server(*args: str, cpu_threads: int = 1, model: str = MODEL) -> Server
     """Start ``engine serve --model MODEL`` on a free port and wait for its URL line."""
     log = Path(tempfile.mkstemp(prefix="engine-serve-", suffix=".log")[1])
     cmd = [
-        sys.executable, "-m", "engine.cli", "serve", "--model", model, "--port", "0",
+        sys.executable, "-m", "lab.cli.engine", "serve", "--model", model, "--port", "0",
         "--host", "127.0.0.1", "--cpu-threads", str(cpu_threads), "--log-level", "info", *args,
     ]  # fmt: skip
     proc = subprocess.Popen(

@@ -9,14 +9,14 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from engine.bench.client import RequestRecord
-from engine.bench.frames import itl_seconds, request_frame, step_frame
+from lab.bench.client import RequestRecord
+from lab.bench.frames import itl_seconds, request_frame, step_frame
+from schema.metrics import REQUEST_COLUMNS
+from schema.perfetto import write_timeline
+from schema.steplog import STEP_COLUMNS
+from schema.traces import load_trace
 from sim.config import build_config
-from sim.metrics import REQUEST_COLUMNS
-from sim.perfetto import write_timeline
 from sim.replay import run_replay
-from sim.steplog import STEP_COLUMNS
-from sim.traces import load_trace
 
 ROOT = Path(__file__).resolve().parents[1]
 EPOCH0 = 1000.0
@@ -120,8 +120,8 @@ def test_timelines_share_one_schema(tmp_path: Path) -> None:
 def test_unreachable_servers_are_clear_errors(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    from engine.bench.main import bench_main
-    from sim.cli import main as sim_main
+    from lab.bench.main import bench_main
+    from lab.cli.sim import main as sim_main
 
     trace = str(ROOT / "traces" / "azure_conv.csv")
     url = "http://127.0.0.1:9"  # the discard port: nothing answers HTTP there

@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from sim.compare import (
+from lab.validate.compare import (
     LATENCIES,
     STATS,
     TARGET_KEYS,

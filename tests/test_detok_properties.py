@@ -8,10 +8,10 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from engine import messages
 from engine.detokenizer.incremental import REPLACEMENT, IncrementalDecoder
 from engine.detokenizer.process import Detokenizer
 from engine.detokenizer.stop import StopMatcher
+from engine.ipc import messages
 
 SETTINGS = settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 

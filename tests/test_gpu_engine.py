@@ -25,12 +25,12 @@ from typing import Any
 import pytest
 import torch
 
+from core.scheduler import DecodeSlot, Plan, PrefillChunk, SchedulerConfig
 from engine.attention import ATTENTION_BACKENDS
-from engine.messages import TokenizedRequest
+from engine.ipc.messages import TokenizedRequest
 from engine.runner import ModelRunner, RunnerArgs, StepInputs
 from engine.sampling import SamplingParams
-from engine.scheduler import DecodeSlot, Plan, PrefillChunk, SchedulerConfig
-from engine.scheduler_proc.engine import Engine, Launched, LaunchFn
+from engine.scheduler_proc.driver import Launched, LaunchFn, StepDriver
 
 pytestmark = [
     pytest.mark.gpu,
@@ -134,7 +134,7 @@ def _generate_with(
     launch: LaunchFn, num_pages: int, prompts: list[list[int]]
 ) -> dict[str, list[int]]:
     """Greedy generation through the real scheduler, with overlap (as served on CUDA)."""
-    engine = Engine(
+    engine = StepDriver(
         SchedulerConfig(num_pages=num_pages, max_prefill_tokens=64, max_running=8), launch, []
     )
     for i, ids in enumerate(prompts):

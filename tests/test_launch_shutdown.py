@@ -79,7 +79,16 @@ def test_children_exit_when_the_server_is_killed(model_ready: str) -> None:
 
 def test_unknown_model_is_a_clear_cli_error() -> None:
     out = subprocess.run(
-        [sys.executable, "-m", "engine.cli", "serve", "--model", "no-such-model", "--port", "0"],
+        [
+            sys.executable,
+            "-m",
+            "lab.cli.engine",
+            "serve",
+            "--model",
+            "no-such-model",
+            "--port",
+            "0",
+        ],
         capture_output=True,
         text=True,
         timeout=60,

@@ -8,12 +8,12 @@ from pathlib import Path
 import msgspec
 import pytest
 
-from engine import messages
-from engine.launch.config import ServeConfig
+from core.scheduler import SchedulerStats
+from engine.ipc import messages
+from engine.ipc.config import ServeConfig
 from engine.launch.rundir import make_run_dir, remove_run_dir
 from engine.launch.serve import build_parser
 from engine.sampling.params import SamplingParams
-from engine.scheduler import SchedulerStats
 
 EXAMPLES: list[messages.Message] = [
     messages.GenerateRequest(

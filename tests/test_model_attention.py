@@ -18,6 +18,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from core.scheduler import DecodeSlot, Plan, PrefillChunk
 from engine.attention import get_backend
 from engine.kvcache import KVPool
 from engine.runner.device_step import DeviceStep
@@ -27,7 +28,6 @@ from engine.runner.staging import Staging
 from engine.runner.table import RequestTable
 from engine.sampling import SamplingParams
 from engine.sampling.sampler import SamplingArrays
-from engine.scheduler import DecodeSlot, Plan, PrefillChunk
 
 torch.set_num_threads(1)
 PAGE, NUM_PAGES, Q_HEADS, KV_HEADS, DIM = 4, 64, 4, 2, 8

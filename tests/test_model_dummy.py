@@ -8,11 +8,11 @@ from typing import Any
 import pytest
 import torch
 
+from core.scheduler import DecodeSlot, Plan, PrefillChunk
 from engine.models.config import PRESETS, ModelConfig, get_preset
 from engine.models.llama import LlamaForCausalLM
 from engine.runner import ModelRunner, RunnerArgs, StepInputs
 from engine.sampling import SamplingParams
-from engine.scheduler import DecodeSlot, Plan, PrefillChunk
 
 torch.set_num_threads(1)
 GREEDY = SamplingParams(temperature=0.0)

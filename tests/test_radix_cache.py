@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from engine.scheduler import PageAllocator, RadixCache
+from core.scheduler import PageAllocator, RadixCache
 
 
 def make(num_pages: int = 32) -> tuple[PageAllocator, RadixCache]:

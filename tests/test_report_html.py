@@ -13,11 +13,11 @@ import pytest
 from plotly.offline import get_plotlyjs
 from test_report_synth import Run, Scenario, synthetic_run
 
-from sim.report import bottleneck_verdict, write_report
-from sim.report.binning import MAX_POINTS
-from sim.report.fig_latency import latency_cdf_figure
-from sim.report.fig_stages import MAX_BARS, stage_breakdown_figure
-from sim.report.fig_timeline import timeline_figure
+from lab.report import bottleneck_verdict, write_report
+from lab.report.binning import MAX_POINTS
+from lab.report.fig_latency import latency_cdf_figure
+from lab.report.fig_stages import MAX_BARS, stage_breakdown_figure
+from lab.report.fig_timeline import timeline_figure
 
 SECTIONS = (
     "Where the time goes",

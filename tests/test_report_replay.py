@@ -11,8 +11,8 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from sim.report import bottleneck_verdict, write_report
-from sim.report.verdict import LIMIT_LABELS
+from lab.report import bottleneck_verdict, write_report
+from lab.report.verdict import LIMIT_LABELS
 
 ROOT = Path(__file__).resolve().parents[1]
 TRACE = ROOT / "traces" / "azure_conv.csv"

@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from sim.report import binning
+from lab.report import binning
 
 MAX_RUNNING = 64
 NUM_PAGES = 4096

@@ -11,8 +11,8 @@ import pandas as pd
 import pytest
 from test_report_synth import Scenario, synthetic_run
 
-from sim.report import bottleneck_verdict
-from sim.report.verdict import (
+from lab.report import bottleneck_verdict
+from lab.report.verdict import (
     GPU_BUSY_FRACTION,
     LIMIT_STEP_FRACTION,
     TOKENIZER_TTFT_SHARE,

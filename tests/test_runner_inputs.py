@@ -7,12 +7,12 @@ from pathlib import Path
 import pytest
 import torch
 
+from core.scheduler import DecodeSlot, Plan, PrefillChunk
 from engine.models.setup import ModelNotFoundError, ensure_model, resolve_model, setup_main
 from engine.runner import ModelRunner, RunnerArgs, StepInputs
 from engine.runner.inputs import FROM_LAST_SAMPLE
 from engine.runner.tp import TPLeader
 from engine.sampling import SamplingParams
-from engine.scheduler import DecodeSlot, Plan, PrefillChunk
 
 torch.set_num_threads(1)
 SP = SamplingParams(temperature=0.0)

@@ -25,7 +25,6 @@ class TableMachine(RuleBasedStateMachine):
         self.table = RequestTable(CAPACITY, MAX_PAGES, NUM_PAGES, torch.device("cpu"))
         self.pages: dict[str, tuple[int, ...]] = {}
         self.last: list[str] = []
-        self.written = 0
 
     @rule(
         names=st.lists(st.sampled_from("abcdefg"), min_size=1, max_size=CAPACITY, unique=True),

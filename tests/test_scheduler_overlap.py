@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from engine.scheduler import (
+from core.scheduler import (
     Finished,
     FinishReason,
     PlanOrderError,

@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from engine.scheduler import (
+from core.scheduler import (
     Blocked,
     Finished,
     FinishReason,
@@ -152,7 +152,7 @@ def test_rejects_requests_that_can_never_fit() -> None:
 
 
 def test_plan_round_trips_through_a_dict() -> None:
-    from engine.scheduler import Plan
+    from core.scheduler import Plan
 
     s = Scheduler(SchedulerConfig(num_pages=16, page_size=4, max_prefill_tokens=3))
     s.add(req("a", 5))
@@ -203,7 +203,7 @@ def test_duplicate_prefix_pages_computed_together_are_freed() -> None:
 
 def test_core_imports_no_torch_or_zmq() -> None:
     code = (
-        "import sys; import engine.scheduler, engine.scheduler.invariants; "
+        "import sys; import core.scheduler, core.scheduler.invariants; "
         "bad = [m for m in ('torch', 'zmq', 'numpy') if m in sys.modules]; "
         "assert not bad, bad"
     )

@@ -24,7 +24,7 @@ from hypothesis.stateful import (
     rule,
 )
 
-from engine.scheduler import (
+from core.scheduler import (
     POLICIES,
     Event,
     Finished,
@@ -37,7 +37,7 @@ from engine.scheduler import (
     SchedulerConfig,
     TokenOut,
 )
-from engine.scheduler.invariants import check_invariants, page_owners
+from core.scheduler.invariants import check_invariants, page_owners
 
 VOCAB = 6  # few distinct tokens, so prompts share prefixes
 STOP_TOKEN = 5

@@ -13,11 +13,11 @@ import pytest
 import torch
 from conftest import running_server
 
+from core.scheduler import Plan, PrefillChunk
 from engine.launch.model_source import resolve_source
 from engine.models.setup import ModelNotFoundError
 from engine.runner import ModelRunner, RunnerArgs, StepInputs
 from engine.sampling import SamplingParams
-from engine.scheduler import Plan, PrefillChunk
 
 PRESET = "tiny-llama"
 SMOLLM2_IDS = 49152
@@ -77,7 +77,7 @@ def test_bad_combinations_are_clear_errors(
 
 def test_preset_without_dummy_weights_is_a_clear_cli_error() -> None:
     out = subprocess.run(
-        [sys.executable, "-m", "engine.cli", "serve", "--model", PRESET, "--port", "0"],
+        [sys.executable, "-m", "lab.cli.engine", "serve", "--model", PRESET, "--port", "0"],
         capture_output=True,
         text=True,
         timeout=60,

@@ -6,12 +6,12 @@ from typing import Any
 
 import pytest
 
-from engine import messages
+from core.scheduler import SchedulerConfig
+from engine.ipc import messages
 from engine.runner.args import RunnerArgs
 from engine.runner.tp import TPLeader
 from engine.sampling.params import SamplingParams
-from engine.scheduler import SchedulerConfig
-from engine.scheduler_proc.engine import Engine
+from engine.scheduler_proc.driver import StepDriver
 
 PROMPTS = [[1, 504, 3458, 282], [1, 9690, 198, 2683, 359, 253], [1, 2, 3, 4, 5, 6, 7, 8, 9]]
 
@@ -23,9 +23,9 @@ def leader(model_ready: str) -> Any:
     lead.shutdown()
 
 
-def make_engine(leader: Any, num_pages: int = 64) -> Engine:
+def make_engine(leader: Any, num_pages: int = 64) -> StepDriver:
     config = SchedulerConfig(num_pages=num_pages, page_size=leader.runner.page_size)
-    return Engine(config, leader.launch, leader.runner.eos_token_ids)
+    return StepDriver(config, leader.launch, leader.runner.eos_token_ids)
 
 
 def request(rid: str, prompt: list[int], max_new: int = 12, **kw: Any) -> messages.TokenizedRequest:
@@ -35,7 +35,7 @@ def request(rid: str, prompt: list[int], max_new: int = 12, **kw: Any) -> messag
     )
 
 
-def run(engine: Engine, max_steps: int = 500) -> dict[str, list[messages.TokenItem]]:
+def run(engine: StepDriver, max_steps: int = 500) -> dict[str, list[messages.TokenItem]]:
     out: dict[str, list[messages.TokenItem]] = {}
     for _ in range(max_steps):
         if not engine.has_work():
@@ -109,7 +109,7 @@ def test_a_stop_token_finishes_the_request(leader: Any) -> None:
     assert items[-1].finish_reason == "stop"
 
 
-def run_one(engine: Engine, params: SamplingParams) -> list[messages.TokenItem]:
+def run_one(engine: StepDriver, params: SamplingParams) -> list[messages.TokenItem]:
     msg = messages.TokenizedRequest(
         rid="x", input_ids=PROMPTS[1], sampling=params, received=0.0, tokenized=0.0
     )

@@ -9,8 +9,8 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from sim.cli import main
-from sim.report.verdict import LIMIT_LABELS
+from lab.cli.sim import main
+from lab.report.verdict import LIMIT_LABELS
 
 ROOT = Path(__file__).resolve().parents[1]
 N, GAP_MS, PROMPT, TOKENIZE_S = 200, 3.0, 100, 1e-4

@@ -6,8 +6,8 @@ import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from sim.delivery import TokenDelivery
-from sim.detokenizer import serve_fifo
+from sim.model.delivery import TokenDelivery
+from sim.model.detokenizer import serve_fifo
 
 IPC, COST = 2e-5, 1e-5
 

@@ -10,9 +10,9 @@ import simpy
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from schema.traces.record import TraceRequest
 from sim.costs.base import CpuCosts
-from sim.frontend import front_times
-from sim.traces.record import TraceRequest
+from sim.model.frontend import front_times
 
 
 def _simpy_front(

@@ -16,11 +16,11 @@ import numpy as np
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from engine.scheduler import POLICIES
-from sim.calls import replay_calls
+from core.scheduler import POLICIES
+from schema.traces import load_trace
 from sim.config import build_config
+from sim.model.calls import replay_calls
 from sim.replay import run_replay
-from sim.traces import load_trace
 
 ORDERED = ("arrival", "tokenize_start", "tokenized", "sched_arrival", "first_scheduled",
            "first_token", "finished")  # fmt: skip

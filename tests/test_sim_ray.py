@@ -9,7 +9,7 @@ import pandas as pd
 import pytest
 from conftest import descendants, wait_gone
 
-from sim.cli import main
+from lab.cli.sim import main
 
 ray = pytest.importorskip("ray", reason="Ray is the optional 'cluster' extra")
 ROOT = Path(__file__).resolve().parents[1]

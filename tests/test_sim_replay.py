@@ -11,15 +11,15 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from sim.calls import replay_calls
-from sim.cli import main
+from lab.cli.sim import main
+from schema.metrics import REQUEST_COLUMNS
+from schema.steplog import STEP_COLUMNS
+from schema.traces import load_trace
 from sim.config import build_config
 from sim.costs import read_profile
 from sim.costs.profile import COLUMNS, EMPTY_SHAPE, ProfileRow, write_profile
-from sim.metrics import REQUEST_COLUMNS
+from sim.model.calls import replay_calls
 from sim.replay import run_replay
-from sim.steplog import STEP_COLUMNS
-from sim.traces import load_trace
 
 ROOT = Path(__file__).resolve().parents[1]
 SUMMARY_KEYS = {
@@ -58,7 +58,7 @@ def test_replay_writes_the_contracted_outputs(
     assert summary["num_steps"] == len(steps)
     assert summary["prefix_hit_rate"] > 0  # Mooncake's hash_ids share prefixes
     assert summary["completed"] + summary["rejected"] == 40
-    if importlib.util.find_spec("sim.report") is not None:
+    if importlib.util.find_spec("lab.report") is not None:
         assert (out / "report.html").is_file() and "bottleneck" in summary
     compact = tmp_path / "compact"
     rc = main(["replay", str(ROOT / "traces" / "mooncake_conversation.jsonl"), "--limit", "40",
@@ -203,7 +203,7 @@ def test_the_simulator_imports_no_torch() -> None:
     import subprocess
     import sys
 
-    code = "import sys, sim.cli, sim.replay; sys.exit('torch' in sys.modules)"
+    code = "import sys, lab.cli.sim, sim.replay; sys.exit('torch' in sys.modules)"
     assert subprocess.run([sys.executable, "-c", code], cwd=ROOT).returncode == 0
 
 

@@ -6,7 +6,7 @@ import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from sim.samples import WeightedSamples
+from schema.samples import WeightedSamples
 
 
 @settings(max_examples=80, deadline=None)

@@ -10,10 +10,10 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from sim.cli import main
-from sim.executor import LocalPool
-from sim.grid import check_grid, expand, read_grid
-from sim.sweep import pareto_front
+from lab.cli.sim import main
+from lab.sweep.executor import LocalPool
+from lab.sweep.grid import check_grid, expand, read_grid
+from lab.sweep.sweep import pareto_front
 
 ROOT = Path(__file__).resolve().parents[1]
 TRACE = ROOT / "traces" / "azure_code.csv"

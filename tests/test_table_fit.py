@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from engine.profile.grid import StepPoint, cuda_batches
+from lab.profile.grid import StepPoint, cuda_batches
 from sim.costs import StepShape, TableCostModel
 from sim.costs.fit import PiecewiseFit, relative_errors
 from sim.costs.profile import Profile, ProfileRow

@@ -21,14 +21,14 @@ import torch.multiprocessing as mp
 from tp_helpers import tp_leader
 from transformers import AutoTokenizer
 
+from core.scheduler import DecodeSlot, Plan, PrefillChunk, SchedulerConfig
 from engine.distributed.parallel import head_partition, split_range
-from engine.messages import TokenizedRequest
+from engine.ipc.messages import TokenizedRequest
 from engine.models.setup import ensure_model
 from engine.runner import ModelRunner, RunnerArgs, StepInputs
 from engine.runner.tp import TPLeader, decode_step, encode_step, follower_main
 from engine.sampling import SamplingParams
-from engine.scheduler import DecodeSlot, Plan, PrefillChunk, SchedulerConfig
-from engine.scheduler_proc.engine import Engine, Launched, LaunchFn
+from engine.scheduler_proc.driver import Launched, LaunchFn, StepDriver
 
 torch.set_num_threads(1)
 
@@ -69,7 +69,7 @@ def _generate(
 ) -> dict[str, list[int]]:
     """Greedy tokens through the real scheduler; with ``overlap`` step N+1 is launched before
     step N is finished, so the ranks read decode inputs from their own last samples."""
-    engine = Engine(SchedulerConfig(num_pages=64, max_prefill_tokens=24), launch, [2])
+    engine = StepDriver(SchedulerConfig(num_pages=64, max_prefill_tokens=24), launch, [2])
     greedy = SamplingParams(temperature=0.0, max_new_tokens=12)
     for i, ids in enumerate(prompts):
         engine.add(TokenizedRequest(f"r{i}", ids, greedy, 0.0, 0.0))

@@ -8,8 +8,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from sim.traces import TraceError, generate, load_trace
-from sim.traces.azure import parse_azure_timestamp
+from schema.traces import TraceError, generate, load_trace
+from schema.traces.azure import parse_azure_timestamp
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -17,6 +17,7 @@ capture and before every replay. ``plan`` work stays outside the graph; only
 
 from __future__ import annotations
 
+import os
 from abc import ABC, abstractmethod
 from typing import ClassVar
 
@@ -96,3 +97,11 @@ def resolve_name(name: str, device_type: str, dtype: torch.dtype, head_dim: int)
     if flashinfer is not None and not flashinfer.unsupported(device_type, dtype, head_dim):
         return "flashinfer"
     return "torch"
+
+
+def flashinfer_pdl() -> bool:
+    """Whether FlashInfer launches its kernels with programmatic dependent launch (Hopper).
+
+    On by default; ``SERVELAB_FLASHINFER_PDL=0`` turns it off (to compare).
+    """
+    return os.environ.get("SERVELAB_FLASHINFER_PDL", "1") != "0"

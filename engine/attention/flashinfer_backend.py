@@ -21,10 +21,9 @@ from typing import Any
 
 import torch
 
-from engine.attention.backend import AttentionBackend, register_backend
+from engine.attention.backend import AttentionBackend, flashinfer_pdl, register_backend
 from engine.attention.metadata import AttentionMetadata
 from engine.kvcache.pool import KVPool
-from engine.models.ops import flashinfer_pdl
 
 WORKSPACE_BYTES = 256 * 1024 * 1024
 HEAD_DIMS = (64, 128, 256)

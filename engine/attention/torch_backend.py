@@ -15,6 +15,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from core.scheduler.pages import pages_for
 from engine.attention.backend import AttentionBackend, register_backend
 from engine.attention.metadata import AttentionMetadata
 
@@ -75,7 +76,7 @@ class TorchAttention(AttentionBackend):
         ps, first = meta.page_size, meta.num_prefill
         dec_lens = torch.tensor(lens[first:], dtype=torch.int64)
         max_len = int(dec_lens.max())
-        max_pages = -(-max_len // ps)
+        max_pages = pages_for(max_len, ps)
         starts = torch.tensor(kv[first:-1], dtype=torch.int64)
         counts = torch.tensor(
             [kv[i + 1] - kv[i] for i in range(first, meta.num_seqs)], dtype=torch.int64

@@ -14,12 +14,12 @@ from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Any
 
-from engine import messages
 from engine.detokenizer.incremental import IncrementalDecoder
 from engine.detokenizer.pieces import TokenPieces
 from engine.detokenizer.stop import StopMatcher
-from engine.launch.config import ServeConfig
-from engine.launch.ipc import open_sockets, recv_message, report_ready
+from engine.ipc import messages
+from engine.ipc.config import ServeConfig
+from engine.ipc.sockets import open_sockets, recv_message, report_ready
 
 log = logging.getLogger(__name__)
 MAX_STOPPED = 4096

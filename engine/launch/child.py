@@ -16,7 +16,7 @@ import threading
 import time
 from pathlib import Path
 
-from engine.launch.config import ServeConfig
+from engine.ipc.config import ServeConfig
 from engine.launch.rundir import remove_run_dir
 
 ROLES = ("tokenizer", "detokenizer", "scheduler")

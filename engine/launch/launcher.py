@@ -20,8 +20,8 @@ from dataclasses import dataclass, field
 
 import zmq
 
-from engine import messages
-from engine.launch.config import ServeConfig
+from engine.ipc import messages
+from engine.ipc.config import ServeConfig
 
 log = logging.getLogger(__name__)
 

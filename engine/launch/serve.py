@@ -14,10 +14,13 @@ from collections.abc import Callable
 from pathlib import Path
 from types import FrameType
 
+import msgspec
 import uvicorn
 import zmq
 
-from engine.launch.config import ServeConfig, config_from
+from core.scheduler import SchedulerConfig
+from core.scheduler.options import add_scheduler_flags, scheduler_config
+from engine.ipc.config import ServeConfig
 from engine.launch.launcher import ChildDied, Launcher
 from engine.launch.model_source import ModelSource, resolve_source
 from engine.launch.rundir import make_run_dir, remove_run_dir
@@ -64,19 +67,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--num-tokenizers", type=positive_int, default=1)
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=8000, help="0 picks a free port")
-    p.add_argument("--policy", default="fcfs", help="scheduling policy (fcfs, lpm, priority, sjf)")
     p.add_argument("--dummy-weights", action="store_true", help="random weights, real shapes")
     p.add_argument("--api-key", default=None, help="require 'Authorization: Bearer KEY'")
-    p.add_argument("--max-running", type=positive_int, default=256)
-    p.add_argument("--max-prefill-tokens", type=positive_int, default=8192)
-    p.add_argument(
-        "--num-pages",
-        type=positive_int,
-        default=None,
-        help="KV pages (default: sized by the runner)",
-    )
-    p.add_argument("--page-size", type=positive_int, default=16)
-    p.add_argument("--no-prefix-cache", action="store_true")
     p.add_argument(
         "--attention-backend",
         default="auto",
@@ -123,6 +115,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--ready-timeout", type=float, default=600.0)
     p.add_argument("--log-level", default="info", choices=LOG_LEVELS)
+    add_scheduler_flags(p)
     return p
 
 
@@ -144,11 +137,10 @@ def bind_listener(host: str, port: int) -> socket.socket:
 def make_config(
     args: argparse.Namespace, source: ModelSource, run_dir: Path, port: int
 ) -> ServeConfig:
-    """The config of this server: the options named like a config field, and the rest."""
+    """The config of this server, from its options and the model it resolved to."""
     context_len = source.context_len
-    return config_from(
-        ServeConfig,
-        args,
+    return ServeConfig(
+        model=args.model,
         model_path=source.model_path,
         tokenizer_path=str(source.tokenizer_path),
         vocab_size=source.vocab_size,
@@ -157,11 +149,25 @@ def make_config(
         run_dir=str(run_dir),
         parent_pid=os.getpid(),
         max_model_len=min(args.max_model_len or context_len, context_len),
+        scheduler=scheduler_config(args),
+        device=args.device,
+        dtype=args.dtype,
         tp_size=args.tp,
+        num_tokenizers=args.num_tokenizers,
+        host=args.host,
         port=port,
-        prefix_cache=not args.no_prefix_cache,
+        dummy_weights=args.dummy_weights,
+        api_key=args.api_key,
+        max_queued=args.max_queued,
+        request_timeout=args.request_timeout,
+        drain_timeout=args.drain_timeout,
+        attention_backend=args.attention_backend,
         cuda_graph=not args.no_cuda_graph,
+        overlap=args.overlap,
+        cpu_threads=args.cpu_threads,
+        seed=args.seed,
         dist_init=f"tcp://127.0.0.1:{free_tcp_port()}" if args.tp > 1 else "",
+        log_level=args.log_level,
     )
 
 
@@ -185,10 +191,10 @@ def serve_main(argv: list[str] | None = None) -> int:
         format="%(asctime)s frontend %(levelname)s %(name)s: %(message)s",
         stream=sys.stderr,
     )
-    from engine.scheduler import POLICIES
-
-    if args.policy not in POLICIES:
-        parser.exit(2, f"error: unknown policy {args.policy!r}; choose from {sorted(POLICIES)}\n")
+    try:
+        scheduler_config(args)
+    except ValueError as exc:
+        parser.exit(2, f"error: {exc}\n")
     try:
         source = resolve_source(args.model, args.tokenizer, args.dummy_weights)
     except (ModelNotFoundError, ValueError) as exc:
@@ -209,7 +215,9 @@ def serve_main(argv: list[str] | None = None) -> int:
     status = 0
     try:
         launcher.start()
-        launcher.wait_ready(ctx, args.ready_timeout)
+        ready = launcher.wait_ready(ctx, args.ready_timeout)
+        # the core's settings as rank 0 runs them (the pool it sized included)
+        cfg.scheduler = msgspec.convert(ready["scheduler0"].info["scheduler"], SchedulerConfig)
         status = run_frontend(cfg, launcher, listener)
     except ChildDied as exc:
         log.error("%s", exc)

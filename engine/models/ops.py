@@ -14,11 +14,10 @@ step is a chain of a few hundred small kernels. Both compute the same functions:
 
 from __future__ import annotations
 
-import importlib.util
-import os
-
 import torch
 import torch.nn.functional as F
+
+from engine.attention.backend import flashinfer_pdl
 
 
 class TorchOps:
@@ -57,14 +56,6 @@ def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tens
     return x * cos + rotated * sin
 
 
-def flashinfer_pdl() -> bool:
-    """Whether FlashInfer launches its kernels with programmatic dependent launch (Hopper).
-
-    On by default; ``SERVELAB_FLASHINFER_PDL=0`` turns it off (to compare).
-    """
-    return os.environ.get("SERVELAB_FLASHINFER_PDL", "1") != "0"
-
-
 class FlashInferOps(TorchOps):
     """FlashInfer's fused norm, activation and rotary kernels (CUDA, half precision)."""
 
@@ -101,10 +92,6 @@ class FlashInferOps(TorchOps):
             positions, q.view(q.shape[0], -1), k.view(k.shape[0], -1), q.shape[-1], cos_sin, True
         )
         return q, k
-
-
-def flashinfer_available() -> bool:
-    return importlib.util.find_spec("flashinfer") is not None
 
 
 def get_ops(device: torch.device, dtype: torch.dtype, backend: str) -> TorchOps:

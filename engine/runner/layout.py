@@ -22,8 +22,8 @@ from itertools import chain
 
 import numpy as np
 
+from core.scheduler.plan import Plan
 from engine.runner.inputs import FROM_LAST_SAMPLE, StepInputs
-from engine.scheduler.plan import Plan
 
 
 @dataclass(frozen=True, slots=True)

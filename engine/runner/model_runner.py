@@ -33,6 +33,8 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
+from core.scheduler.pages import pages_for
+from core.scheduler.plan import Plan
 from engine.attention import AttentionMetadata, get_backend, resolve_name
 from engine.distributed.parallel import TPInfo, head_partition
 from engine.kvcache.pool import KVPool
@@ -51,7 +53,6 @@ from engine.runner.step import StepHandle, StepLogprobs
 from engine.runner.table import RequestTable
 from engine.sampling.logprobs import PendingLogprobs, pending_logprobs
 from engine.sampling.sampler import Sampler, SamplingArrays
-from engine.scheduler.plan import Plan
 
 log = logging.getLogger(__name__)
 
@@ -138,7 +139,7 @@ class ModelRunner:
         backend = get_backend(self.backend_name, self.device.type, self.dtype, c.head_dim)
         self.attention = backend(self.kv, shard.q_count, 1.0 / math.sqrt(c.head_dim))
         self.max_pages_per_seq = min(
-            -(-c.max_position_embeddings // self.page_size), self.num_pages
+            pages_for(c.max_position_embeddings, self.page_size), self.num_pages
         )
         self.table = RequestTable(
             2 * args.max_running, self.max_pages_per_seq, self.num_pages, self.device

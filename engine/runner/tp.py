@@ -28,11 +28,11 @@ import msgspec
 import torch
 import torch.distributed as dist
 
+from core.scheduler.plan import Plan
 from engine.runner.args import RunnerArgs
 from engine.runner.inputs import StepInputs, StepOutput
 from engine.runner.model_runner import ModelRunner, device_for
 from engine.runner.step import StepHandle
-from engine.scheduler.plan import Plan
 
 log = logging.getLogger(__name__)
 

@@ -19,16 +19,16 @@ from __future__ import annotations
 
 import logging
 import time
+from dataclasses import replace
 from typing import TYPE_CHECKING
 
 import zmq
 
-from engine import messages
-from engine.launch.config import ServeConfig, config_from
-from engine.launch.ipc import open_sockets, report_ready
+from engine.ipc import messages
+from engine.ipc.config import ServeConfig
+from engine.ipc.sockets import open_sockets, report_ready
 from engine.runner.args import RunnerArgs
-from engine.scheduler import SchedulerConfig
-from engine.scheduler_proc.engine import Engine, Launched
+from engine.scheduler_proc.driver import Launched, StepDriver
 
 if TYPE_CHECKING:
     from engine.runner.tp import TPLeader
@@ -41,8 +41,23 @@ STATS_INTERVAL_S = 0.05
 
 
 def runner_args(cfg: ServeConfig) -> RunnerArgs:
-    """The runner's arguments: the config's fields of the same name, and the model's path."""
-    return config_from(RunnerArgs, cfg, model=cfg.model_path, cpu_threads=cfg.cpu_threads or 0)
+    """The runner's arguments: the model, the device, and the KV pool the scheduler asks for."""
+    return RunnerArgs(
+        model=cfg.model_path,
+        device=cfg.device,
+        dtype=cfg.dtype,
+        tp_size=cfg.tp_size,
+        num_pages=cfg.scheduler.num_pages,
+        page_size=cfg.scheduler.page_size,
+        attention_backend=cfg.attention_backend,
+        cuda_graph=cfg.cuda_graph,
+        max_running=cfg.scheduler.max_running,
+        dummy_weights=cfg.dummy_weights,
+        seed=cfg.seed,
+        dist_init=cfg.dist_init,
+        cpu_threads=cfg.cpu_threads or 0,
+        vocab_limit=cfg.vocab_limit,
+    )
 
 
 def run_scheduler(cfg: ServeConfig, rank: int) -> None:
@@ -61,10 +76,8 @@ def run_scheduler(cfg: ServeConfig, rank: int) -> None:
 
 def serve_rank0(cfg: ServeConfig, leader: TPLeader) -> None:
     runner = leader.runner
-    sched_cfg = config_from(
-        SchedulerConfig, cfg, num_pages=runner.num_pages, page_size=runner.page_size
-    )
-    engine = Engine(sched_cfg, leader.launch, cfg.eos_token_ids)
+    sched_cfg = replace(cfg.scheduler, num_pages=runner.num_pages, page_size=runner.page_size)
+    engine = StepDriver(sched_cfg, leader.launch, cfg.eos_token_ids)
     ctx, inbox, (to_detok, to_frontend) = open_sockets(
         cfg.scheduler_addr, cfg.detokenizer_addr, cfg.frontend_addr
     )
@@ -76,6 +89,7 @@ def serve_rank0(cfg: ServeConfig, leader: TPLeader) -> None:
         num_pages=runner.num_pages,
         page_size=runner.page_size,
         eos_token_ids=cfg.eos_token_ids,
+        scheduler=sched_cfg,
     )
     log.info("ready: %d KV pages of %d tokens", runner.num_pages, runner.page_size)
     log.info("overlap scheduling %s", "on" if cfg.overlap_on else "off")
@@ -86,7 +100,7 @@ def serve_rank0(cfg: ServeConfig, leader: TPLeader) -> None:
 class SchedulerLoop:
     def __init__(
         self,
-        engine: Engine,
+        engine: StepDriver,
         inbox: zmq.Socket[bytes],
         to_detok: zmq.Socket[bytes],
         to_frontend: zmq.Socket[bytes],

@@ -12,7 +12,7 @@ from fastapi.responses import JSONResponse, Response
 from starlette.exceptions import HTTPException
 from starlette.requests import Request
 
-from engine.launch.config import ServeConfig
+from engine.ipc.config import ServeConfig
 from engine.server import native, openai_api
 from engine.server.context import ClientGone, ServerContext
 from engine.server.errors import APIError, error_body, error_response

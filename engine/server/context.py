@@ -12,8 +12,8 @@ from typing import Any, TypeVar
 from fastapi.responses import JSONResponse, Response
 from starlette.requests import Request
 
-from engine import messages
-from engine.launch.config import ServeConfig
+from engine.ipc import messages
+from engine.ipc.config import ServeConfig
 from engine.server.errors import APIError
 from engine.server.frontend import Frontend, RequestError, RequestResult, RequestStream
 from engine.server.metrics import ServerMetrics

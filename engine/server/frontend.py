@@ -26,8 +26,8 @@ from collections import deque
 import zmq
 import zmq.asyncio
 
-from engine import messages
-from engine.launch.config import ServeConfig
+from engine.ipc import messages
+from engine.ipc.config import ServeConfig
 from engine.server.errors import APIError
 from engine.server.metrics import ServerMetrics
 

@@ -14,8 +14,8 @@ from typing import Any, TypeVar
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
-from engine import messages
-from engine.scheduler.config import SchedulerStats
+from core.scheduler.config import SchedulerStats
+from engine.ipc import messages
 
 LATENCY_BUCKETS = (
     0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.5, 0.75,

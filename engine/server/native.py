@@ -10,7 +10,7 @@ from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST
 from starlette.requests import Request
 
-from engine import messages
+from engine.ipc import messages
 from engine.server.context import ServerContext, admit, respond
 from engine.server.errors import APIError, error_body
 from engine.server.frontend import RequestError, RequestResult, RequestStream

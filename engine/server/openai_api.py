@@ -5,13 +5,14 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import AsyncIterator
+from dataclasses import asdict
 from typing import Any
 
 from fastapi import APIRouter
 from fastapi.responses import JSONResponse, Response
 from starlette.requests import Request
 
-from engine import messages
+from engine.ipc import messages
 from engine.sampling.logprobs import TokenLogprob
 from engine.server.context import ServerContext, admit, respond
 from engine.server.errors import error_body
@@ -262,5 +263,6 @@ async def models(request: Request) -> Response:
         "root": ctx.cfg.model_path,
         "max_model_len": ctx.cfg.max_model_len,
         "overlap_scheduling": ctx.cfg.overlap_on,
+        "scheduler": asdict(ctx.cfg.scheduler),
     }
     return JSONResponse({"object": "list", "data": [card]})

@@ -12,7 +12,7 @@ from typing import Any
 
 from pydantic import BaseModel
 
-from engine.messages import ChatMessage
+from engine.ipc.messages import ChatMessage
 from engine.sampling.params import SamplingParams
 from engine.server.errors import APIError
 from engine.server.protocol import (

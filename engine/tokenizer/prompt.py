@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from engine.messages import ChatMessage, GenerateRequest
+from engine.ipc.messages import ChatMessage, GenerateRequest
 
 
 class PromptError(ValueError):

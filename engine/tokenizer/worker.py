@@ -13,9 +13,9 @@ import time
 
 import msgspec
 
-from engine import messages
-from engine.launch.config import ServeConfig
-from engine.launch.ipc import open_sockets, recv_message, report_ready
+from engine.ipc import messages
+from engine.ipc.config import ServeConfig
+from engine.ipc.sockets import open_sockets, recv_message, report_ready
 from engine.tokenizer.prompt import PromptError, fit_max_tokens, load_tokenizer, prompt_ids
 
 log = logging.getLogger(__name__)

@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 if TYPE_CHECKING:
-    from engine.scheduler import Plan
+    from core.scheduler import Plan
 
 
 @dataclass(frozen=True, slots=True)

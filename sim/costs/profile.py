@@ -11,7 +11,7 @@ that was run ``repeats`` times: its shape in ``StepShape``'s terms, the median
 wall time of one step as the strict loop runs it (``duration_s``), the fastest
 and slowest repeat, and the median device time of the step (``device_s``: its
 period when launched back to back, as the overlapped loop runs it; see
-``engine.profile.steps``). Files without the ``device_s`` column (written
+``lab.profile.steps``). Files without the ``device_s`` column (written
 before it existed) read it as ``duration_s``.
 ``split`` is ``fit`` for rows the ``table`` model is fitted to and ``holdout``
 for rows kept out of the fit to measure its error. A CPU row (``kind`` =

@@ -1,0 +1,99 @@
+"""Scheduler configuration and statistics."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+
+def _setting(default: Any, help: str) -> Any:
+    """A field with its default and the help text its flag shows (``core.scheduler.options``)."""
+    return field(default=default, metadata={"help": help})
+
+
+@dataclass(frozen=True, slots=True)
+class SchedulerConfig:
+    """Limits and policy of one scheduler: every scheduler setting, declared here once.
+
+    The engine (``engine serve``) and the simulator (``sim replay``) hold this
+    object and take its flags and defaults from it (``core.scheduler.options``).
+    ``num_pages`` None means "as many as the KV memory holds": each world sizes
+    it (the runner from free device memory, the simulator from the model and
+    hardware) before it builds a ``Scheduler``, which needs a count.
+
+    ``max_prefill_tokens`` is the per-step prefill token budget (chunked
+    prefill); ``max_running`` caps requests holding KV (prefilling + decoding).
+
+    ``reserve_decode`` makes admission keep room for the decode growth of the
+    running requests, estimated with the new-token ratio (see
+    ``core.scheduler.reservation``): it starts at ``init_new_token_ratio``,
+    falls to ``min_new_token_ratio`` over ``new_token_ratio_decay_steps`` decode
+    steps and restarts after a preemption. The defaults are SGLang's (0.7,
+    0.7 x 0.14, 600 steps).
+    """
+
+    num_pages: int | None = _setting(None, "KV pages; left out: as many as the KV memory holds")
+    page_size: int = _setting(16, "tokens per KV page")
+    max_running: int = _setting(256, "requests holding KV at once (prefilling + decoding)")
+    max_prefill_tokens: int = _setting(8192, "prefill token budget of one step (chunked prefill)")
+    policy: str = _setting("fcfs", "scheduling policy")
+    prefix_cache: bool = _setting(True, "share computed prompt prefixes (radix cache)")
+    reserve_decode: bool = _setting(
+        False, "admission reserves room for decode growth (the new-token ratio)"
+    )
+    init_new_token_ratio: float = _setting(0.7, "new-token ratio at start and after a preemption")
+    min_new_token_ratio: float = _setting(0.098, "the ratio's floor")
+    new_token_ratio_decay_steps: int = _setting(
+        600, "decode steps from the initial ratio to the floor"
+    )
+
+    def __post_init__(self) -> None:
+        for name in (
+            "page_size",
+            "max_running",
+            "max_prefill_tokens",
+            "new_token_ratio_decay_steps",
+        ):
+            _check_positive(name, getattr(self, name))
+        if self.num_pages is not None:
+            _check_positive("num_pages", self.num_pages)
+        if not 0 <= self.min_new_token_ratio <= self.init_new_token_ratio <= 1:
+            raise ValueError(
+                "new-token ratios must satisfy 0 <= min_new_token_ratio <= init_new_token_ratio"
+                f" <= 1, got {self.min_new_token_ratio!r} and {self.init_new_token_ratio!r}"
+            )
+
+    @property
+    def pages(self) -> int:
+        """``num_pages``, which a ``Scheduler`` needs resolved."""
+        if self.num_pages is None:
+            raise ValueError("num_pages must be sized (a positive integer) before a scheduler runs")
+        return self.num_pages
+
+
+def _check_positive(name: str, value: object) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+        raise ValueError(f"{name} must be a positive integer, got {value!r}")
+
+
+@dataclass(frozen=True, slots=True)
+class SchedulerStats:
+    """A snapshot for metrics. ``pages_cached`` are unreferenced (evictable) cache pages."""
+
+    num_pages: int
+    pages_used: int
+    pages_free: int
+    pages_cached: int
+    num_waiting: int
+    num_running: int
+    prompt_tokens: int
+    cached_tokens: int
+
+    @property
+    def pages_held(self) -> int:
+        """Pages held by live requests (used minus evictable cache)."""
+        return self.pages_used - self.pages_cached
+
+    @property
+    def prefix_hit_rate(self) -> float:
+        return self.cached_tokens / self.prompt_tokens if self.prompt_tokens else 0.0

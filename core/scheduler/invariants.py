@@ -1,0 +1,126 @@
+"""Invariants of the scheduler core, checked by the property tests.
+
+pages:   free + cached (radix) + private (requests) + held (for plans in flight)
+         == all pages, each exactly once
+shared:  a request's (or a held release's) first ``num_shared`` pages are radix
+         pages it keeps locked
+refs:    node.ref == number of running requests and held releases whose locked
+         prefix passes through it
+counts:  the cache's cached/evictable page counters match the tree
+state:   running requests are prefilling or decoding, waiting ones hold no pages,
+         no request holds more output than its limit nor plans past it
+planned: a request's planned positions fit its pages; a prefilling request's stay
+         within its fill; a decoding request is at most one position ahead of its
+         output per plan in flight
+flight:  at most two plans are outstanding, oldest first, right after the last
+         completed step
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Sequence
+
+from core.scheduler.radix import RadixNode
+from core.scheduler.request import RequestStatus
+from core.scheduler.scheduler import Scheduler
+
+
+class InvariantError(AssertionError):
+    pass
+
+
+def _check(cond: bool, msg: str) -> None:
+    if not cond:
+        raise InvariantError(msg)
+
+
+def page_owners(s: Scheduler) -> dict[int, str]:
+    """Who owns each page: ``free``, ``cache``, ``held`` or a request id."""
+    total = s.config.pages
+    owner: dict[int, str] = {}
+
+    def claim(pages: Sequence[int], who: str) -> None:
+        for page in pages:
+            _check(0 <= page < total, f"page {page} out of range (owner {who})")
+            _check(page not in owner, f"page {page} owned by {owner.get(page)} and {who}")
+            owner[page] = who
+
+    claim(s.memory.allocator.free_pages(), "free")
+    cache = s.memory.cache
+    if cache is not None:
+        for node in cache.nodes():
+            claim(node.pages, "cache")
+    for req in s.running.values():
+        claim(req.pages[req.num_shared_pages :], req.rid)
+    for held in s.in_flight.held():
+        claim(held.pages[held.num_shared :], "held")
+    _check(len(owner) == total, f"{total - len(owner)} pages are lost")
+    return owner
+
+
+def check_invariants(s: Scheduler) -> None:
+    owner = page_owners(s)
+    _check_cache(s, owner)
+    ps = s.page_size
+    outstanding = len(s.in_flight)
+    for rid, req in s.running.items():
+        _check(req.rid == rid, "running map key mismatch")
+        _check(
+            req.status in (RequestStatus.PREFILLING, RequestStatus.DECODING, RequestStatus.ABORTED),
+            f"{rid} is running with status {req.status}",
+        )
+        _check(len(req.pages) * ps >= req.num_planned, f"{rid} has too few pages")
+        if req.status is RequestStatus.PREFILLING:
+            _check(req.num_planned < req.fill_len, f"{rid} planned past its fill")
+            _check(len(req.pages) * ps >= req.fill_len, f"{rid} prefilling without its pages")
+        if req.status is RequestStatus.DECODING:
+            ahead = req.num_planned - (req.fill_len - 1)
+            _check(0 <= ahead <= outstanding, f"{rid} is {ahead} positions ahead of its output")
+            _check(req.planned_outputs <= req.max_new_tokens, f"{rid} planned past its limit")
+        for p in req.pages[: req.num_shared_pages]:
+            _check(owner.get(p) == "cache", f"{rid} shares page {p} that the cache does not hold")
+    for held in s.in_flight.held():
+        for p in held.pages[: held.num_shared]:
+            _check(owner.get(p) == "cache", f"a held release shares page {p} not in the cache")
+
+    for req in s.waiting():
+        _check(not req.pages, f"waiting {req.rid} holds pages")
+        _check(req.status is not RequestStatus.FINISHED, f"finished {req.rid} is waiting")
+    for req in s.requests.values():
+        _check(len(req.output) <= req.max_new_tokens, f"{req.rid} exceeded max_new_tokens")
+
+    steps = [p.step for p in s.in_flight.plans()]
+    _check(outstanding <= 2, f"{outstanding} plans outstanding")
+    expected = list(range(s.in_flight.completed + 1, s.step + 1))
+    _check(steps == expected, f"outstanding steps {steps}, expected {expected}")
+
+
+def _check_cache(s: Scheduler, owner: dict[int, str]) -> None:
+    cache = s.memory.cache
+    if cache is None:
+        return
+    cached = evictable = 0
+    for node in cache.nodes():
+        _check(node.ref >= 0, f"negative refcount {node.ref}")
+        _check(len(node.keys) == len(node.pages) > 0, "node keys and pages disagree")
+        cached += len(node.pages)
+        if node.ref == 0:
+            evictable += len(node.pages)
+    _check(cached == cache.cached_pages, "cached page counter is off")
+    leaves = {n for n in cache.nodes() if not n.children and n.ref == 0}
+    _check(leaves == cache.evictable_leaves, "the evictable leaf set is off")
+    _check(evictable == cache.evictable_pages, "evictable page counter is off")
+
+    locks: Counter[int] = Counter()
+    lockers: list[RadixNode | None] = [r.cache_node for r in s.running.values()]
+    lockers += [h.node for h in s.in_flight.held()]
+    for locked in lockers:
+        while locked is not None and locked is not cache.root:
+            locks[id(locked)] += 1
+            locked = locked.parent
+    for node in cache.nodes():
+        _check(
+            node.ref == locks[id(node)],
+            f"node ref {node.ref} but {locks[id(node)]} requests lock it",
+        )

@@ -1,0 +1,141 @@
+"""KV memory of the running requests: the page allocator plus the radix prefix cache.
+
+A request's page table is ``Request.pages``; its first ``num_shared_pages``
+pages belong to the radix cache, which the request keeps locked through
+``cache_node``; the rest are its own. Pages a request gives up leave it as a
+``HeldPages`` value, which ``give_back`` applies: computed full pages enter
+the cache, the rest are freed, the lock is dropped. The scheduler applies it
+at once, or when the plan in flight that still uses those pages completes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from core.scheduler.pages import PageAllocator, pages_for
+from core.scheduler.radix import PageKey, RadixCache, RadixNode
+from core.scheduler.request import Request
+
+
+@dataclass(frozen=True, slots=True)
+class HeldPages:
+    """Pages taken from a request: ``pages[:len(keys)]`` are computed full pages with those
+    keys (they go to the prefix cache), the others are freed; ``node`` is unlocked."""
+
+    keys: Sequence[PageKey]
+    pages: Sequence[int]
+    node: RadixNode | None = None
+    num_shared: int = 0  # leading pages that the cache owns already
+
+    @property
+    def num_private(self) -> int:
+        """Pages that become free or evictable once given back."""
+        return len(self.pages) - self.num_shared
+
+
+class KVMemory:
+    """Page allocation for requests: admission fills, decode growth, prefix sharing, release."""
+
+    def __init__(self, num_pages: int, page_size: int, prefix_cache: bool) -> None:
+        self.page_size = page_size
+        self.allocator = PageAllocator(num_pages, page_size)
+        self.cache: RadixCache | None = RadixCache(self.allocator) if prefix_cache else None
+
+    @property
+    def num_free(self) -> int:
+        return self.allocator.num_free
+
+    @property
+    def evictable(self) -> int:
+        return self.cache.evictable_pages if self.cache is not None else 0
+
+    def _fill_keys(self, req: Request) -> list[PageKey]:
+        """Keys of the fill's full pages, leaving at least one token to compute (for logits)."""
+        ps = self.page_size
+        return req.page_keys((req.fill_len - 1) // ps, ps)
+
+    def cached_pages_of(self, req: Request) -> int:
+        """Leading fill pages of ``req`` the cache holds now (read-only)."""
+        return self.cache.match_length(self._fill_keys(req)) if self.cache is not None else 0
+
+    def fill_need(self, req: Request) -> tuple[int, int]:
+        """(new pages ``req``'s fill needs, pages it may take: free + evictable outside its match).
+
+        Read-only.
+        """
+        total = pages_for(req.fill_len, self.page_size)
+        if self.cache is None:
+            return total, self.allocator.num_free
+        matched, locked = self.cache.probe(self._fill_keys(req))
+        return total - matched, self.allocator.num_free + self.cache.evictable_pages - locked
+
+    def allocate_fill(self, req: Request, need: int, tick: int) -> None:
+        """Give ``req`` its cached prefix and ``need`` fresh pages (``fill_need`` said they fit)."""
+        shared: list[int] = []
+        if self.cache is not None:
+            shared, node = self.cache.match(self._fill_keys(req), tick)
+            self.cache.lock(node)
+            req.cache_node = node
+        self.make_room(need)
+        req.pages = (*shared, *self.allocator.alloc(need))
+        req.num_shared_pages = len(shared)
+        req.num_planned = req.num_cached = len(shared) * self.page_size
+
+    def make_room(self, need: int) -> bool:
+        """Evict unreferenced cache pages, LRU first, toward ``need`` free pages; whether any
+        were evicted."""
+        short = need - self.allocator.num_free
+        return self.cache is not None and short > 0 and self.cache.evict(short) > 0
+
+    def add_page(self, req: Request) -> None:
+        """Append a free page to ``req``'s page table."""
+        req.pages = (*req.pages, *self.allocator.alloc(1))
+
+    def share_prefix(self, req: Request, computed: int, tick: int) -> HeldPages | None:
+        """Hand the full pages of ``req``'s first ``computed`` positions to the cache (``req``
+        keeps them locked), so requests running at the same time share them at once.
+
+        Where the cache already holds a page for the same key (another request
+        computed the same prefix meanwhile), the request switches to the cached
+        page; its own copies are returned, to be freed.
+        """
+        cache = self.cache
+        if cache is None:
+            return None
+        ps = self.page_size
+        keys = req.page_keys(computed // ps, ps)
+        n = len(keys)
+        if n <= req.num_shared_pages:
+            return None
+        rejected = cache.insert(keys, req.pages[:n], tick)
+        pages, node = cache.match(keys, tick)
+        cache.lock(node)
+        if req.cache_node is not None:
+            cache.unlock(req.cache_node)
+        req.pages = (*pages, *req.pages[n:])
+        req.num_shared_pages = n
+        req.cache_node = node
+        return HeldPages((), rejected) if rejected else None
+
+    def take(self, req: Request) -> HeldPages:
+        """Take every page and the lock from ``req``; its planned positions' full pages are kept
+        for the cache (their tokens are known and their KV is written once the plans in
+        flight complete)."""
+        ps = self.page_size
+        keys = req.page_keys(req.num_planned // ps, ps) if self.cache is not None else []
+        held = HeldPages(keys, req.pages, req.cache_node, req.num_shared_pages)
+        req.pages = ()
+        req.cache_node = None
+        req.num_shared_pages = 0
+        req.num_planned = 0
+        return held
+
+    def give_back(self, held: HeldPages, tick: int) -> None:
+        """Apply ``held``: computed full pages into the cache, the rest freed, the lock dropped."""
+        n = len(held.keys)
+        if self.cache is not None and n:
+            self.allocator.free(self.cache.insert(held.keys, held.pages[:n], tick))
+        self.allocator.free(held.pages[n:])
+        if self.cache is not None and held.node is not None:
+            self.cache.unlock(held.node)

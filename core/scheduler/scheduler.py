@@ -1,0 +1,412 @@
+"""The scheduler core shared by the real engine and the simulator.
+
+Contract: ``add`` and ``abort`` requests, ``schedule(now) -> Plan``, then
+``complete(plan, tokens) -> events``. Plain Python on ints and lists: no torch,
+no zmq, no clock. The same sequence of calls gives the same plans, so
+tensor-parallel ranks and the simulator agree.
+
+Overlap scheduling: ``schedule`` may be called while one plan is in flight
+(made, not completed); plans complete in the order they were made. Requests
+advance when a plan places them, so the next plan continues where the one in
+flight ends: a decoding request's next slot is its next position, whose input
+token the in-flight plan samples (see ``core.scheduler.plan``). A request
+that finishes when the in-flight plan completes may have been placed in the
+next plan too; that slot's token is discarded. Pages given up while a plan in
+flight uses them return when that plan completes (``core.scheduler.inflight``).
+Strict alternation (complete each plan before the next ``schedule``) is the
+same code with nothing in flight.
+
+One step, in order:
+
+1. release aborted requests (their pages go back, or into the prefix cache);
+2. give every decoding request room for one more token, evicting unreferenced
+   cache pages; when that is not enough and pages held for the plan in flight
+   will cover it, the request sits this step out, else the policy's victim is
+   preempted (recompute: its pages are released and it waits again);
+3. continue chunked prefills, then admit waiting requests in policy order while
+   the running cap, the prefill token budget and KV pages (minus the decode
+   reservation, when enabled) allow; admission stops at the first request that
+   does not fit (no request overtakes the head).
+
+A request is admitted with pages for its whole fill (prompt + output so far),
+so later chunks never allocate; only decode grows a request.
+"""
+
+from __future__ import annotations
+
+import bisect
+from collections.abc import Mapping, Sequence
+
+from core.scheduler import decode_run
+from core.scheduler.config import SchedulerConfig, SchedulerStats
+from core.scheduler.inflight import InFlight
+from core.scheduler.memory import HeldPages, KVMemory
+from core.scheduler.plan import (
+    PLACEHOLDER_TOKEN,
+    Blocked,
+    DecodeRun,
+    DecodeSlot,
+    Event,
+    Finished,
+    FinishReason,
+    Plan,
+    Preempted,
+    PrefillChunk,
+    TokenOut,
+)
+from core.scheduler.policy import Key, get_policy
+from core.scheduler.request import Request, RequestRejected, RequestStatus, check_servable
+from core.scheduler.reservation import DecodeReservation
+
+
+class Scheduler:
+    def __init__(self, config: SchedulerConfig) -> None:
+        self.config = config
+        self.policy = get_policy(config.policy)
+        self.page_size = config.page_size
+        self.memory = KVMemory(config.pages, config.page_size, config.prefix_cache)
+        self.reservation = DecodeReservation(config)
+        self.in_flight = InFlight()
+        self.requests: dict[str, Request] = {}  # live requests (not yet ended)
+        self._waiting: list[tuple[Key, Request]] = []  # sorted by the policy's key
+        self.running: dict[str, Request] = {}  # admission order
+        self._aborted: list[Request] = []  # marked, released at the next step
+        self.step = 0
+        self._seq = 0
+        self._changes = 0  # calls that changed the state (add, abort, schedule, ...)
+        self._run_checked = (-1, 0)  # (_changes, k) of the last decode_run_length
+        self.prompt_tokens = 0
+        self.cached_tokens = 0
+
+    # ------------------------------------------------------------------ requests
+    def add(self, req: Request) -> None:
+        """Queue a request. Raises ``RequestRejected`` if it can never be served."""
+        if req.rid in self.requests:
+            raise RequestRejected(f"duplicate request id {req.rid!r}")
+        check_servable(req, self.config)
+        self._changes += 1
+        req.status = RequestStatus.WAITING
+        req.seq = self._seq
+        self._seq += 1
+        self.requests[req.rid] = req
+        self._enqueue(req)
+
+    def abort(self, rid: str) -> bool:
+        """Mark a live request aborted; its pages are released at the next step."""
+        req = self.requests.get(rid)
+        if req is None or req.status is RequestStatus.ABORTED:
+            return False
+        self._changes += 1
+        req.status = RequestStatus.ABORTED
+        self._aborted.append(req)
+        return True
+
+    def get(self, rid: str) -> Request | None:
+        return self.requests.get(rid)
+
+    def has_work(self) -> bool:
+        """Whether ``schedule``/``complete`` have anything left to do (plans in flight count)."""
+        return bool(self.running or self._waiting or self._aborted or len(self.in_flight))
+
+    @property
+    def num_waiting(self) -> int:
+        return len(self._waiting)
+
+    @property
+    def aborts_pending(self) -> bool:
+        """Whether aborted requests wait for the next step to release their pages."""
+        return bool(self._aborted)
+
+    @property
+    def num_running(self) -> int:
+        return len(self.running)
+
+    def waiting(self) -> list[Request]:
+        """Waiting requests in the policy's static order."""
+        return [r for _, r in self._waiting]
+
+    def stats(self) -> SchedulerStats:
+        free = self.memory.num_free
+        return SchedulerStats(
+            num_pages=self.config.pages,
+            pages_used=self.config.pages - free,
+            pages_free=free,
+            pages_cached=self.memory.evictable,
+            num_waiting=len(self._waiting),
+            num_running=len(self.running),
+            prompt_tokens=self.prompt_tokens,
+            cached_tokens=self.cached_tokens,
+        )
+
+    # ------------------------------------------------------------------ schedule
+    def schedule(self, now: float) -> Plan:
+        """Plan the next step at time ``now`` (stamped on newly admitted requests).
+
+        Raises ``PlanOrderError`` when two plans are outstanding already.
+        """
+        self.in_flight.check_can_schedule()
+        self._changes += 1
+        self.step += 1
+        aborted = self._release_aborted()
+        if not self.running:
+            self.reservation.reset()
+        preempted: list[str] = []
+        placed = self._grow_decodes(preempted)
+
+        budget = self.config.max_prefill_tokens
+        chunks: list[PrefillChunk] = []
+        for req in self.running.values():
+            if req.status is RequestStatus.PREFILLING and budget > 0:
+                budget -= self._chunk(req, budget, chunks)
+        blocked = self._admit(budget, chunks, now)
+
+        decode = []
+        for req in placed:
+            decode.append(DecodeSlot(req.rid, req.num_planned, req.pages))
+            req.num_planned += 1
+            req.last_plan = self.step
+        if decode:
+            self.reservation.decayed()
+        plan = Plan(
+            step=self.step,
+            prefill=tuple(chunks),
+            decode=tuple(decode),
+            preempted=tuple(preempted),
+            aborted=tuple(aborted),
+            blocked=blocked,
+        )
+        self.in_flight.add(plan, aborted)
+        return plan
+
+    def _grow_decodes(self, preempted: list[str]) -> list[Request]:
+        """Give every decoding request a page for its next position; the requests to place.
+
+        A request whose last token is already planned (it finishes when the plan
+        in flight completes) is not placed again.
+        """
+        placed: list[Request] = []
+        running, ps = self.running, self.page_size
+        for req in [r for r in running.values() if r.status is RequestStatus.DECODING]:
+            if running.get(req.rid) is not req:
+                continue  # preempted earlier in this loop
+            if req.planned_outputs >= req.max_new_tokens:
+                continue
+            if req.num_planned >= len(req.pages) * ps:  # the next position starts a page
+                if not self._free_a_page(req, preempted):
+                    continue
+                self.memory.add_page(req)
+            placed.append(req)
+        gone = set(preempted)
+        return [r for r in placed if r.rid not in gone]
+
+    def _free_a_page(self, requester: Request, preempted: list[str]) -> bool:
+        """Make a page free for ``requester``'s next position; False if it sits this step out.
+
+        Evicts first. Pages that come back when the plan in flight completes
+        (held pages, and those of requests finishing with it) are waited for
+        rather than preempting anyone. Otherwise the policy's victim among the
+        requests not finishing is preempted (possibly ``requester`` itself).
+        """
+        memory = self.memory
+        while memory.num_free < 1:
+            if memory.make_room(1):
+                continue
+            finishing = {
+                r.rid: r
+                for r in self.running.values()
+                if r.status is RequestStatus.DECODING and r.planned_outputs >= r.max_new_tokens
+            }
+            soon = self.in_flight.pending_pages()
+            soon += sum(len(r.pages) - r.num_shared_pages for r in finishing.values())
+            if soon > 0:
+                return False
+            victim = self.policy.victim(
+                [r for r in self.running.values() if r.rid not in finishing]
+            )
+            self._preempt(victim)
+            preempted.append(victim.rid)
+            if victim is requester:
+                return False
+        return True
+
+    def _admit(self, budget: int, chunks: list[PrefillChunk], now: float) -> Blocked:
+        if not self._waiting:
+            return Blocked.NONE
+        cap = self.config.max_running
+        ps = self.page_size
+        reserved = self.reservation.tokens(self.running.values())
+        admitted: list[Request] = []
+        blocked = Blocked.NONE
+        for req in self.admission_order():
+            if len(self.running) >= cap:
+                blocked = Blocked.RUNNING_CAP
+                break
+            if budget <= 0:
+                blocked = Blocked.PREFILL_BUDGET
+                break
+            need, available = self.memory.fill_need(req)
+            growth = self.reservation.tokens((req,))
+            if need > available or (
+                self.running and need * ps + reserved + growth > available * ps
+            ):  # the reservation protects running requests; alone, a request always fits
+                blocked = Blocked.KV_MEMORY
+                break
+            reserved += growth
+            self._start(req, need, now)
+            admitted.append(req)
+            budget -= self._chunk(req, budget, chunks)
+        if admitted and not self.policy.reorders:
+            del self._waiting[: len(admitted)]  # admission took a prefix of the queue
+        elif admitted:
+            gone = {r.rid for r in admitted}
+            self._waiting = [e for e in self._waiting if e[1].rid not in gone]
+        return blocked
+
+    def admission_order(self) -> Sequence[Request]:
+        """Waiting requests in the order admission tries them (enough to hit the cap)."""
+        if self.policy.reorders:
+            return self.policy.order(self.waiting(), self.memory.cached_pages_of)
+        room = self.config.max_running - len(self.running)
+        return [r for _, r in self._waiting[: max(room, 0) + 1]]
+
+    def _start(self, req: Request, need: int, now: float) -> None:
+        """Admit ``req``: its cached prefix plus ``need`` fresh pages for the rest of its fill."""
+        self.memory.allocate_fill(req, need, self.step)
+        req.status = RequestStatus.PREFILLING
+        req.admitted_at = self.step
+        if req.first_scheduled is None:
+            req.first_scheduled = now
+        self.running[req.rid] = req
+        self.prompt_tokens += req.fill_len
+        self.cached_tokens += req.num_cached
+
+    def _chunk(self, req: Request, budget: int, chunks: list[PrefillChunk]) -> int:
+        """Place ``req``'s next fill chunk (the last one makes it decoding); its length."""
+        start = req.num_planned
+        length = min(req.fill_len - start, budget)
+        samples = start + length == req.fill_len
+        chunks.append(PrefillChunk(req.rid, start, length, samples, req.pages))
+        req.num_planned += length
+        req.last_plan = self.step
+        if samples:
+            req.status = RequestStatus.DECODING
+        return length
+
+    def _preempt(self, req: Request) -> None:
+        del self.running[req.rid]
+        self._release(req)
+        req.status = RequestStatus.WAITING
+        self._enqueue(req)
+        self.reservation.reset()
+
+    # ------------------------------------------------------------------ complete
+    def complete(self, plan: Plan, tokens: Mapping[str, int] | None) -> list[Event]:
+        """Apply the sampled ``tokens`` (rid -> token id; None in simulation) of ``plan``.
+
+        ``plan`` must be the oldest outstanding plan (``PlanOrderError`` otherwise).
+        Slots of requests that ended, were aborted or were re-admitted since the
+        plan was made produce nothing.
+        """
+        done = self.in_flight.pop(plan)
+        self._changes += 1
+        for held in done.held:
+            self.memory.give_back(held, self.step)
+        events: list[Event] = []
+        for rid in plan.aborted:
+            events.append(Finished(rid, FinishReason.ABORT, done.abort_counts[rid]))
+        for rid in plan.preempted:
+            events.append(Preempted(rid))
+        for chunk in plan.prefill:
+            req = self._placed_in(chunk.rid, plan.step)
+            if req is None:
+                continue
+            self._hold(req, self.memory.share_prefix(req, chunk.start + chunk.length, self.step))
+            if chunk.samples:
+                self._append(req, tokens, events)
+        for slot in plan.decode:
+            req = self._placed_in(slot.rid, plan.step)
+            if req is not None:
+                self._append(req, tokens, events)
+        return events
+
+    def _placed_in(self, rid: str, step: int) -> Request | None:
+        """The running request that plan ``step`` placed as ``rid``, if it is still there (not
+        ended, aborted or admitted again since)."""
+        req = self.running.get(rid)
+        if req is None or req.status is RequestStatus.ABORTED or req.admitted_at > step:
+            return None
+        return req
+
+    def _append(self, req: Request, tokens: Mapping[str, int] | None, events: list[Event]) -> None:
+        token = PLACEHOLDER_TOKEN if tokens is None else tokens[req.rid]
+        events.append(TokenOut(req.rid, token, not req.output))
+        req.output.append(token)
+        if token in req.stop_token_ids:
+            self._finish(req, FinishReason.STOP, events)
+        elif len(req.output) >= req.max_new_tokens:
+            self._finish(req, FinishReason.LENGTH, events)
+
+    def _finish(self, req: Request, reason: FinishReason, events: list[Event]) -> None:
+        req.status = RequestStatus.FINISHED
+        del self.running[req.rid]
+        del self.requests[req.rid]
+        self._release(req)
+        events.append(Finished(req.rid, reason, len(req.output)))
+
+    # ------------------------------------------------------------------ release
+    def _release_aborted(self) -> dict[str, int]:
+        """Release the requests aborted since the last step; their output token counts."""
+        if not self._aborted:
+            return {}
+        counts: dict[str, int] = {}
+        for req in self._aborted:
+            counts[req.rid] = len(req.output)
+            self.running.pop(req.rid, None)
+            del self.requests[req.rid]
+            self._release(req)
+        self._waiting = [e for e in self._waiting if e[1].rid not in counts]
+        self._aborted = []
+        return counts
+
+    def _release(self, req: Request) -> None:
+        """Take a request's pages: back to the pool now, or when the plan in flight using them
+        completes."""
+        self._hold(req, self.memory.take(req))
+
+    def _hold(self, req: Request, held: HeldPages | None) -> None:
+        if held is None or not (held.pages or held.node):
+            return
+        if self.in_flight.uses(req.last_plan):
+            self.in_flight.hold(req.last_plan, held)
+        else:
+            self.memory.give_back(held, self.step)
+
+    def _enqueue(self, req: Request) -> None:
+        bisect.insort(self._waiting, ((*self.policy.key(req), req.seq), req))
+
+    # ------------------------------------------------------------------ decode runs
+    def decode_run_length(self, max_steps: int) -> int:
+        """How many following steps are identical pure-decode steps (0 if none).
+
+        See ``core.scheduler.decode_run`` for the conditions; stop tokens are
+        not foreseen, so this is for callers that pass no tokens (simulation).
+        """
+        k = decode_run.run_length(self, max_steps)
+        self._run_checked = (self._changes, k)
+        return k
+
+    def advance_decode(self, k: int) -> DecodeRun:
+        """Apply ``k`` pure-decode steps at once, exactly as ``k`` single steps would.
+
+        ``k`` must not exceed ``decode_run_length(k)``. Without a plan in flight
+        a step is ``schedule`` + ``complete(plan, None)``; with one (overlap), it
+        is ``schedule`` + ``complete`` of the plan before, and the run's last
+        plan is left in flight (``DecodeRun.in_flight``).
+        """
+        changes, length = self._run_checked  # still valid if nothing changed since
+        if changes != self._changes:
+            length = decode_run.run_length(self, k)
+        if k <= 0 or k > length:
+            raise ValueError(f"cannot advance {k} decode steps from this state")
+        self._changes += 1
+        return decode_run.advance(self, k)

@@ -1,0 +1,89 @@
+"""The configuration every process of one ``engine serve`` reads, and its socket addresses."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import msgspec
+
+from core.scheduler import SchedulerConfig
+
+
+class SocketAddr:
+    """``cfg.NAME_addr``: the address of the socket ``NAME`` of a ``ServeConfig``."""
+
+    def __set_name__(self, owner: type, attr: str) -> None:
+        self.name = attr.removesuffix("_addr")
+
+    def __get__(self, cfg: ServeConfig, owner: type | None = None) -> str:
+        return cfg.addr(self.name)
+
+
+class ServeConfig(msgspec.Struct, kw_only=True):
+    """Everything the children need, written as JSON into the run directory.
+
+    ``model`` is the name clients use; ``model_path`` is the HF folder it
+    resolved to, or a preset name (dummy weights). ``tokenizer_path`` is the HF
+    folder of the tokenizer, chat template and ``eos_token_ids``; ``vocab_size``
+    the model's vocabulary, of which sampling draws only the first
+    ``vocab_limit`` ids (None: all). ``max_model_len`` bounds prompt plus output
+    tokens. ``max_queued`` bounds the requests waiting for their first token
+    (None: unbounded), ``request_timeout`` the seconds a request may take
+    (None: no limit), ``drain_timeout`` the seconds SIGTERM lets open requests
+    finish (0: stop at once).
+    """
+
+    model: str
+    model_path: str
+    tokenizer_path: str
+    vocab_size: int
+    run_dir: str
+    parent_pid: int
+    max_model_len: int
+    eos_token_ids: list[int] = msgspec.field(default_factory=list)
+    vocab_limit: int | None = None
+    device: str = "cpu"
+    dtype: str = "auto"
+    tp_size: int = 1
+    num_tokenizers: int = 1
+    host: str = "127.0.0.1"
+    port: int = 8000
+    dummy_weights: bool = False
+    api_key: str | None = None
+    max_queued: int | None = None
+    request_timeout: float | None = None
+    drain_timeout: float = 20.0
+    scheduler: SchedulerConfig = msgspec.field(default_factory=SchedulerConfig)
+    attention_backend: str = "auto"
+    cuda_graph: bool = True
+    overlap: bool | None = None  # None: on for CUDA, off for CPU
+    cpu_threads: int | None = None
+    seed: int = 0
+    dist_init: str = ""
+    log_level: str = "info"
+
+    @property
+    def overlap_on(self) -> bool:
+        """Whether the scheduler overlaps its work with the model's: ``overlap``, else CUDA."""
+        return self.device.startswith("cuda") if self.overlap is None else self.overlap
+
+    def addr(self, name: str) -> str:
+        """The ``ipc://`` address of the socket ``name`` inside the run directory."""
+        return f"ipc://{Path(self.run_dir) / name}.sock"
+
+    def tokenizer_addr(self, index: int) -> str:
+        return self.addr(f"tokenizer{index}")
+
+    scheduler_addr = SocketAddr()
+    detokenizer_addr = SocketAddr()
+    frontend_addr = SocketAddr()
+    ready_addr = SocketAddr()
+
+    def save(self) -> Path:
+        path = Path(self.run_dir) / "config.json"
+        path.write_bytes(msgspec.json.encode(self))
+        return path
+
+    @staticmethod
+    def load(path: str | Path) -> ServeConfig:
+        return msgspec.json.decode(Path(path).read_bytes(), type=ServeConfig)

@@ -1,0 +1,171 @@
+"""Typed messages between the serving processes, encoded with msgpack (never pickle).
+
+Every message that concerns a request carries its ``rid``. The path of a request::
+
+    frontend ──GenerateRequest──► tokenizer ──TokenizedRequest──► scheduler rank 0
+    frontend ──AbortRequest─────► tokenizer ──AbortRequest──────► scheduler rank 0
+    scheduler ──TokenBatch──► detokenizer ──TextBatch──► frontend
+    detokenizer ──AbortRequest──► scheduler            (a stop string matched)
+    tokenizer ──TextBatch(error)──► frontend           (the prompt was rejected)
+    scheduler ──StatsUpdate──► frontend                (for /metrics)
+    every child ──Ready──► launcher                    (after loading)
+
+An abort travels through the same tokenizer worker as its request, so the
+scheduler never sees an abort before the request it cancels.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+import uuid
+from typing import Any
+
+import msgspec
+
+from core.scheduler.config import SchedulerStats
+from engine.sampling.logprobs import TokenLogprob
+from engine.sampling.params import SamplingParams
+
+log = logging.getLogger(__name__)
+
+
+class ChatMessage(msgspec.Struct, frozen=True):
+    role: str
+    content: str
+
+
+def new_rid() -> str:
+    return uuid.uuid4().hex
+
+
+class GenerateRequest(msgspec.Struct, tag=True, kw_only=True):
+    """A request as the frontend received it: text, chat messages or token ids.
+
+    A new request gets a fresh ``rid`` and is ``received`` now unless they are given.
+    """
+
+    sampling: SamplingParams
+    rid: str = msgspec.field(default_factory=new_rid)
+    received: float = msgspec.field(default_factory=time.time)
+    text: str | None = None
+    messages: list[ChatMessage] | None = None
+    input_ids: list[int] | None = None
+    priority: int = 0
+    max_tokens_explicit: bool = True  # False: shrink max_new_tokens to fit the context
+
+
+class TokenizedRequest(msgspec.Struct, tag=True):
+    rid: str
+    input_ids: list[int]
+    sampling: SamplingParams
+    received: float
+    tokenized: float
+    priority: int = 0
+
+
+class AbortRequest(msgspec.Struct, tag=True):
+    rid: str
+    reason: str = "client disconnected"
+
+
+class RequestOutput(msgspec.Struct, kw_only=True):
+    """What a request produced so far: its tokens, how it ended, its counts and stage times.
+
+    When the request asked for them, ``logprobs`` has one entry per token of
+    ``token_ids``, and the first item carries ``prompt_logprobs``, one entry per
+    prompt token.
+    """
+
+    rid: str
+    token_ids: list[int] = []
+    token_times: list[float] = []
+    logprobs: list[TokenLogprob] = []
+    prompt_logprobs: list[TokenLogprob] | None = None
+    finish_reason: str | None = None
+    prompt_tokens: int = 0
+    cached_tokens: int = 0
+    tokenized: float | None = None
+    first_scheduled: float | None = None
+    finished: float | None = None
+
+    def output_fields(self) -> dict[str, Any]:
+        """The ``RequestOutput`` fields of this item, to build an item of another kind."""
+        return {name: getattr(self, name) for name in RequestOutput.__struct_fields__}
+
+
+class TokenItem(RequestOutput, kw_only=True):
+    """New tokens of one request from one scheduler step (or its end).
+
+    ``stop`` (the stop strings) rides along on the request's first item so the
+    detokenizer needs no other channel. ``error`` set means the request was
+    rejected and never ran.
+    """
+
+    stop: list[str] | None = None
+    error: str | None = None
+
+
+class TokenBatch(msgspec.Struct, tag=True):
+    items: list[TokenItem]
+
+
+class TextItem(RequestOutput, kw_only=True):
+    """New text of one request; ``token_ids`` are the tokens that produced it.
+
+    ``pieces`` maps every token id its log-prob entries name to the token's
+    bytes; ``prompt_text`` is the decoded prompt when ``prompt_logprobs`` is set.
+    """
+
+    text: str
+    error: str | None = None
+    error_status: int = 400
+    pieces: dict[int, bytes] = {}
+    prompt_text: str | None = None
+
+
+class TextBatch(msgspec.Struct, tag=True):
+    items: list[TextItem]
+
+
+class StatsUpdate(msgspec.Struct, tag=True):
+    """The scheduler core's counters at one moment, and the preemptions so far."""
+
+    time: float
+    stats: SchedulerStats
+    num_preemptions: int = 0
+
+
+class Ready(msgspec.Struct, tag=True):
+    """A child finished loading; ``info`` holds what the launcher may need."""
+
+    role: str
+    rank: int
+    pid: int
+    info: dict[str, Any] = {}
+
+
+Message = (
+    GenerateRequest | TokenizedRequest | AbortRequest | TokenBatch | TextBatch | StatsUpdate | Ready
+)
+
+_encoder = msgspec.msgpack.Encoder()
+_decoder: msgspec.msgpack.Decoder[Message] = msgspec.msgpack.Decoder(Message)
+
+
+def encode(msg: Message) -> bytes:
+    return _encoder.encode(msg)
+
+
+def decode(data: bytes) -> Message:
+    """Decode one message; raises ``msgspec.DecodeError`` on bytes that are not one."""
+    return _decoder.decode(data)
+
+
+def try_decode(data: bytes) -> Message | None:
+    """Decode one message, or log and return None for bytes that are not one."""
+    try:
+        return decode(data)
+    except msgspec.DecodeError as exc:
+        log.error("dropped an undecodable message: %s", exc)
+        return None

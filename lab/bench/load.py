@@ -1,0 +1,63 @@
+"""The load generator: send a trace's requests at its arrival times and collect the records."""
+
+from __future__ import annotations
+
+import asyncio
+import sys
+import time
+from dataclasses import dataclass
+
+import httpx
+from tqdm import tqdm
+
+from lab.bench.client import RequestRecord, Target, send
+from lab.bench.server import ServerError
+from schema.traces.record import Trace, TraceRequest
+
+
+@dataclass(frozen=True, slots=True)
+class BenchRun:
+    """Records in trace order; ``epoch0`` is the wall-clock time (``time.time()``) of the
+    benchmark clock's zero, which maps server timestamps onto it."""
+
+    records: list[RequestRecord]
+    epoch0: float
+    wall_s: float
+    max_send_lag_s: float
+
+
+async def warm_up(client: httpx.AsyncClient, target: Target, prompt: str, count: int) -> None:
+    """``count`` short requests, one after the other, before the clock starts (not recorded);
+    an error here means the server cannot be benchmarked."""
+    for i in range(count):
+        req = TraceRequest(rid=f"warmup-{i}", arrival=0.0, input_length=0, output_length=4)
+        record = await send(client, target, req, prompt, time.perf_counter())
+        if record.status != "completed":
+            raise ServerError(f"{target.url}: the warm-up request failed: {record.reason}")
+
+
+async def replay(
+    trace: Trace, target: Target, prompts: list[str], progress: bool = True, warmup: int = 1
+) -> BenchRun:
+    """Send request i at ``trace.requests[i].arrival`` seconds after the start (never
+    earlier; the largest delay is ``max_send_lag_s``), each on its own connection, after
+    ``warmup`` requests with the first prompt."""
+    limits = httpx.Limits(max_connections=None, max_keepalive_connections=None)
+    timeout = httpx.Timeout(None, connect=60.0)
+    bar = tqdm(total=len(trace.requests), unit="req", desc="bench", file=sys.stderr,
+               disable=not progress, mininterval=1.0)  # fmt: skip
+    async with httpx.AsyncClient(timeout=timeout, limits=limits) as client:
+        await warm_up(client, target, prompts[0], warmup)
+        clock0, epoch0 = time.perf_counter(), time.time()
+        tasks = []
+        for req, prompt in zip(trace.requests, prompts, strict=True):
+            delay = req.arrival - (time.perf_counter() - clock0)
+            if delay > 0:
+                await asyncio.sleep(delay)
+            task = asyncio.create_task(send(client, target, req, prompt, clock0))
+            task.add_done_callback(lambda _: bar.update(1))
+            tasks.append(task)
+        records = list(await asyncio.gather(*tasks))
+    bar.close()
+    lag = max((r.sent - r.scheduled for r in records), default=0.0)
+    return BenchRun(records, epoch0, time.perf_counter() - clock0, lag)

@@ -1,0 +1,80 @@
+"""What a benchmark learns from the server before it starts: model, context, KV pages.
+
+Any OpenAI-compatible server answers ``GET /v1/models``; this engine's card says
+``owned_by: engine`` and adds ``max_model_len``, ``overlap_scheduling`` and
+``scheduler`` (the core's settings as it runs them), and
+its ``/metrics`` gives ``engine_kv_pages_total``. Only this engine gets ``return_meta_info``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import httpx
+
+OURS = "engine"
+
+
+class ServerError(ValueError):
+    """The server cannot be benchmarked (unreachable, no model listed, warm-up failed)."""
+
+
+@dataclass(frozen=True, slots=True)
+class ServerInfo:
+    url: str
+    model: str
+    owned_by: str
+    root: str | None
+    max_model_len: int | None
+    kv_pages_total: int | None
+    overlap: bool | None  # overlap scheduling, where the server says
+    scheduler: dict[str, Any] | None = None  # the scheduler core's settings, where it says
+
+    @property
+    def ours(self) -> bool:
+        return self.owned_by == OURS
+
+
+def metric_value(text: str, name: str) -> float | None:
+    """The first sample of metric ``name`` in Prometheus text, or None."""
+    for line in text.splitlines():
+        if line.startswith(name) and line[len(name) : len(name) + 1] in ("{", " "):
+            return float(line.rsplit(" ", 1)[1])
+    return None
+
+
+def server_info(url: str, api_key: str | None = None, timeout: float = 30.0) -> ServerInfo:
+    url = url.rstrip("/")
+    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+    try:
+        reply = httpx.get(f"{url}/v1/models", headers=headers, timeout=timeout)
+        reply.raise_for_status()
+        cards = reply.json().get("data") or []
+    except (httpx.HTTPError, ValueError) as exc:
+        raise ServerError(f"cannot list the models of {url}: {exc}") from None
+    if not cards:
+        raise ServerError(f"{url}/v1/models lists no model")
+    card = cards[0]
+    owned_by = str(card.get("owned_by", ""))
+    pages = None
+    if owned_by == OURS:
+        try:
+            text = httpx.get(f"{url}/metrics", headers=headers, timeout=timeout).text
+        except httpx.HTTPError as exc:
+            raise ServerError(f"cannot read {url}/metrics: {exc}") from None
+        value = metric_value(text, "engine_kv_pages_total")
+        pages = int(value) if value else None
+    limit = card.get("max_model_len")
+    overlap = card.get("overlap_scheduling")
+    scheduler = card.get("scheduler")
+    return ServerInfo(
+        url=url,
+        model=str(card["id"]),
+        owned_by=owned_by,
+        root=card.get("root"),
+        max_model_len=int(limit) if isinstance(limit, int) else None,
+        kv_pages_total=pages,
+        overlap=overlap if isinstance(overlap, bool) else None,
+        scheduler=scheduler if isinstance(scheduler, dict) else None,
+    )

@@ -1,0 +1,189 @@
+"""The ``sim`` command: ``sim replay TRACE ... --out DIR`` and ``sim gen ... --out FILE``."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+from typing import Any
+
+from core.scheduler.options import add_scheduler_flags
+from lab.memory import keep_mmap_threshold
+from lab.sweep.cli import add_capacity_args, add_sweep_args, cmd_capacity, cmd_sweep
+from lab.validate.command import add_validate_args
+from schema.tables import STEP_FORMATS
+from schema.traces import TraceError, generate, load_trace
+from sim.config import CONFIG_KEYS, SimConfig, build_config
+from sim.costs import COST_MODELS, ProfileError
+
+
+def _replay_args(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    p = sub.add_parser("replay", help="replay a trace through the simulated pipeline")
+    p.add_argument("trace", type=Path, help="a .jsonl (Mooncake fields) or Azure .csv trace")
+    p.add_argument("--out", type=Path, required=True, help="output directory")
+    p.add_argument("--config", type=Path, help="JSON or TOML config file")
+    p.add_argument("--profile", help="profile CSV (implies --cost-model table)")
+    p.add_argument("--cost-model", choices=sorted(COST_MODELS))
+    p.add_argument("--model", help="model preset (llama-3.1-8b, qwen3-0.6b, smollm2-135m)")
+    p.add_argument("--tp", type=int, help="tensor-parallel degree")
+    p.add_argument("--num-tokenizers", type=int)
+    p.add_argument(
+        "--overlap",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="overlap scheduling: plan step N+1 while step N runs on the GPU",
+    )
+    p.add_argument(
+        "--fast-forward",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="advance runs of identical decode steps at once (same results)",
+    )
+    p.add_argument(
+        "--rate-scale",
+        type=float,
+        default=1.0,
+        help="X > 1 replays X times faster (arrival times divided by X)",
+    )
+    p.add_argument("--limit", type=int, help="replay only the first N requests (by arrival)")
+    p.add_argument("--slo-ttft-ms", type=float)
+    p.add_argument("--slo-tpot-ms", type=float)
+    p.add_argument("--no-report", action="store_true", help="skip report.html")
+    p.add_argument(
+        "--steps",
+        choices=STEP_FORMATS,
+        default="csv",
+        help="the per-step table: steps.csv (default), the compact steps.parquet, or none",
+    )
+    p.add_argument("--timeline", action="store_true", help="also write timeline.json (Perfetto)")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    add_scheduler_flags(p)
+
+
+def _gen_args(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    p = sub.add_parser("gen", help="write a synthetic trace (JSONL)")
+    p.add_argument("--arrival", choices=["poisson", "gamma"], default="poisson")
+    p.add_argument("--rate", type=float, required=True, help="mean requests per second")
+    p.add_argument("--cv", type=float, default=1.0, help="gamma: coefficient of variation")
+    p.add_argument("--input", required=True, help="fixed:N | uniform:A:B | empirical:TRACE")
+    p.add_argument("--output", required=True, help="fixed:N | uniform:A:B | empirical:TRACE")
+    p.add_argument("--num", type=int, required=True)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--out", type=Path, required=True)
+
+
+def _goodput_line(goodput: dict[str, Any]) -> str:
+    slos = [
+        f"{name} <= {goodput[key]:g} ms"
+        for name, key in (("ttft", "slo_ttft_ms"), ("tpot", "slo_tpot_ms"))
+        if goodput.get(key) is not None
+    ]
+    if not slos:
+        return "goodput      - (no SLO given: --slo-ttft-ms, --slo-tpot-ms)"
+    return f"goodput      {goodput['value']:.2f} req/s ({', '.join(slos)})"
+
+
+def _fmt(v: Any) -> str:
+    if v is None:
+        return "-"
+    return f"{v:,.1f}" if isinstance(v, float) else str(v)
+
+
+def format_summary(summary: dict[str, Any]) -> str:
+    """The table ``sim replay`` prints."""
+    cm = summary["cost_model"]
+    lines = [
+        f"trace        {summary['trace']['path']} ({summary['num_requests']} requests)",
+        f"cost model   {cm['name']} (profile: {cm['profile'] or 'none'})",
+        f"provenance   {cm['provenance']}",
+        f"cpu costs    {summary['cpu_costs']['source']}",
+        f"completed    {summary['completed']}   rejected {summary['rejected']}",
+        f"duration     {summary['duration_s']:.1f} s simulated, {summary['num_steps']} steps, "
+        f"{summary['wall_s']:.1f} s wall",
+        f"throughput   {summary['request_throughput']:.2f} req/s, "
+        f"{summary['output_throughput']:.0f} output tok/s, "
+        f"{summary['input_throughput']:.0f} input tok/s",
+        _goodput_line(summary["goodput"]),
+        f"prefix hits  {summary['prefix_hit_rate']:.1%}",
+        "",
+        f"{'metric':<10}{'mean':>12}{'p50':>12}{'p90':>12}{'p99':>12}",
+    ]
+    for key in ("ttft_ms", "tpot_ms", "itl_ms", "e2e_ms"):
+        s = summary[key]
+        lines.append(
+            f"{key:<10}" + "".join(f"{_fmt(s[q]):>12}" for q in ("mean", "p50", "p90", "p99"))
+        )
+    if summary.get("rejected_reasons"):
+        lines.append("")
+        lines += [f"rejected: {n} x {reason}" for reason, n in summary["rejected_reasons"].items()]
+    verdict = summary.get("bottleneck")
+    if verdict:
+        lines.append("")
+        text = verdict.get("text") if isinstance(verdict, dict) else None
+        lines.append(f"bottleneck   {text or verdict}")
+    return "\n".join(lines)
+
+
+def cmd_replay(args: argparse.Namespace) -> int:
+    from lab.outputs import write_outputs
+    from schema.perfetto import TIMELINE_NAME, write_timeline
+    from sim.replay import run_replay
+
+    config = replay_config(args)
+    trace = load_trace(args.trace, rate_scale=args.rate_scale, limit=args.limit)
+    result = run_replay(trace, config, progress=not args.no_progress)
+    summary = write_outputs(result, args.out, report=not args.no_report, steps=args.steps)
+    if args.timeline:
+        write_timeline(args.out / TIMELINE_NAME, result.requests, result.steps, "sim replay")
+    print(format_summary(summary))
+    print(f"\noutputs in {args.out}/")
+    return 0
+
+
+def cmd_gen(args: argparse.Namespace) -> int:
+    n = generate(
+        args.out,
+        arrival=args.arrival,
+        rate=args.rate,
+        input_spec=args.input,
+        output_spec=args.output,
+        num=args.num,
+        seed=args.seed,
+        cv=args.cv,
+    )
+    print(f"wrote {n} requests to {args.out}")
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="sim", description="Discrete-event LLM serving simulator")
+    sub = parser.add_subparsers(dest="command", required=True)
+    _replay_args(sub)
+    _gen_args(sub)
+    add_sweep_args(sub)
+    add_capacity_args(sub)
+    add_validate_args(sub)
+    return parser
+
+
+def replay_config(args: argparse.Namespace) -> SimConfig:
+    """The config of ``sim replay``: defaults, ``--config``, then the flags named after a key."""
+    flags = {name: getattr(args, name) for name in CONFIG_KEYS if hasattr(args, name)}
+    return build_config(args.config, **flags)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    keep_mmap_threshold()
+    commands = {"replay": cmd_replay, "gen": cmd_gen, "sweep": cmd_sweep, "capacity": cmd_capacity}
+    try:
+        if hasattr(args, "func"):
+            return int(args.func(args))
+        return commands[args.command](args)
+    except (TraceError, ProfileError, ValueError) as exc:
+        print(f"sim {args.command}: error: {exc}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,47 @@
+"""The output files of a run, real (``engine bench``) or simulated (``sim replay``).
+
+In ``out_dir``: ``requests.csv``, the step table (``steps.csv`` by default, the
+compact ``steps.parquet`` on request, or none), ``queues.csv``, ``summary.json``
+and ``report.html``.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+from lab.report import write_report
+from schema.jsonsafe import json_safe
+from schema.run import RunResult
+from schema.tables import STEP_FORMATS, write_csv, write_parquet
+
+
+def write_steps(steps: pd.DataFrame, out_dir: Path, fmt: str) -> None:
+    """The step table in ``fmt`` (one of ``STEP_FORMATS``)."""
+    if fmt == "parquet":
+        write_parquet(steps, out_dir / "steps.parquet")
+    elif fmt == "csv":
+        write_csv(steps, out_dir / "steps.csv")
+    elif fmt != "none":
+        raise ValueError(f"unknown step table format {fmt!r}; known: {list(STEP_FORMATS)}")
+
+
+def write_outputs(
+    result: RunResult, out_dir: Path, *, report: bool = True, steps: str = "csv"
+) -> dict[str, Any]:
+    """Write the output files; return the summary (with the verdict when a report was made)."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    write_csv(result.requests, out_dir / "requests.csv")
+    write_steps(result.steps, out_dir, steps)
+    write_csv(result.queues, out_dir / "queues.csv")
+    summary = result.summary
+    if report:
+        verdict = write_report(
+            out_dir, summary, result.requests, result.steps, result.queues, result.itl_s
+        )
+        summary["bottleneck"] = json_safe(verdict)
+    (out_dir / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+    return summary

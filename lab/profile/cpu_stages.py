@@ -1,0 +1,220 @@
+"""CPU stage costs, each timed with the engine's own code on this machine.
+
+- ``tokenize``: the tokenizer worker's work on one text prompt (decode the
+  message, ``engine.tokenizer.worker.tokenize``, encode the ``TokenizedRequest``)
+  for prompts as ``engine bench`` makes them (1024 tokens of one-token words), a
+  new prompt each call so that no call finds the words of the one before in the
+  tokenizer's cache; seconds per input token. These prompts tokenize about 1.4x
+  slower per token than English prose on the machines measured here.
+- ``detokenize``: the detokenizer process's work on one scheduler step's
+  ``TokenBatch`` of 32 one-token items: decode the message, ``Detokenizer.process``
+  (incremental decode, stop strings), encode the ``TextBatch``; seconds per token.
+- ``ipc``: a ``TokenizedRequest`` of 1024 ids encoded, sent over a ZeroMQ
+  PUSH/PULL ``ipc://`` socket to another process and echoed back; half the
+  round trip, seconds per message hop.
+- ``schedule`` / ``schedule_request``: ``StepDriver.step`` with a model that
+  answers at once (``schedule``, the step's inputs, ``complete``, the token
+  items) over pure-decode batches of 1 to 256 requests, fitted as seconds per
+  step plus seconds per request in the batch.
+
+``frontend`` and ``stream`` (the HTTP side) are in ``lab.profile.http_stages``.
+"""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import statistics
+import tempfile
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from engine.ipc import messages
+from engine.ipc.config import ServeConfig
+from engine.sampling.params import SamplingParams
+
+
+@dataclass(frozen=True, slots=True)
+class StageCost:
+    """A per-unit cost: the median and the range over repeats."""
+
+    kind: str
+    median: float
+    low: float
+    high: float
+    repeats: int
+
+    @staticmethod
+    def of(kind: str, per_unit: Sequence[float]) -> StageCost:
+        return StageCost(kind, statistics.median(per_unit), min(per_unit), max(per_unit),
+                         len(per_unit))  # fmt: skip
+
+
+def repeat_times(fn: Callable[[], object], repeats: int) -> list[float]:
+    """Seconds of each of ``repeats`` calls, after one warm-up call."""
+    fn()
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - start)
+    return times
+
+
+def measure_tokenize(
+    tokenizer: Any, cfg: ServeConfig, repeats: int, tokens: int = 1024
+) -> StageCost:
+    from engine.tokenizer.worker import tokenize
+    from lab.bench.prompts import PromptMaker, fresh_salt
+    from schema.traces import TraceRequest
+
+    maker = PromptMaker(tokenizer, fresh_salt())
+    texts = [
+        maker.text(TraceRequest(rid=str(i), arrival=0.0, input_length=tokens, output_length=1))
+        for i in range(repeats + 1)
+    ]
+    payloads = [
+        messages.encode(
+            messages.GenerateRequest(sampling=SamplingParams(), rid="p", received=0.0, text=text)
+        )
+        for text in texts
+    ]
+    per_token = []
+    for i, data in enumerate(payloads):
+        start = time.perf_counter()
+        req = messages.decode(data)
+        assert isinstance(req, messages.GenerateRequest)
+        out = messages.encode(tokenize(tokenizer, req, cfg))
+        elapsed = time.perf_counter() - start
+        tokenized = messages.decode(out)
+        assert isinstance(tokenized, messages.TokenizedRequest)
+        if i:  # the first call warms up
+            per_token.append(elapsed / len(tokenized.input_ids))
+    return StageCost.of("tokenize", per_token)
+
+
+def measure_detokenize(tokenizer: Any, ids: list[int], repeats: int, batch: int = 32) -> StageCost:
+    from engine.detokenizer.process import Detokenizer
+
+    steps = len(ids)
+    payloads = [
+        messages.encode(
+            messages.TokenBatch(
+                items=[
+                    messages.TokenItem(
+                        rid=f"r{r}", token_ids=[ids[(s + r) % len(ids)]], token_times=[0.0]
+                    )
+                    for r in range(batch)
+                ]
+            )
+        )
+        for s in range(steps)
+    ]
+
+    def run() -> None:
+        detok = Detokenizer(tokenizer)
+        for data in payloads:
+            msg = messages.decode(data)
+            assert isinstance(msg, messages.TokenBatch)
+            items, _ = detok.process(msg)
+            messages.encode(messages.TextBatch(items=items))
+
+    return StageCost.of("detokenize", [t / (steps * batch) for t in repeat_times(run, repeats)])
+
+
+def _echo(address: str, back: str, count: int) -> None:
+    import zmq
+
+    ctx = zmq.Context()
+    pull = ctx.socket(zmq.PULL)
+    pull.bind(address)
+    push = ctx.socket(zmq.PUSH)
+    push.connect(back)
+    for _ in range(count):
+        push.send(pull.recv())
+    push.close(linger=1000)
+    pull.close()
+
+
+def measure_ipc(ids: list[int], repeats: int, count: int = 500) -> StageCost:
+    import zmq
+
+    msg = messages.TokenizedRequest(
+        rid="p", input_ids=ids, sampling=SamplingParams(), received=0.0, tokenized=0.0
+    )
+    total = (count + 50) * repeats
+    hops: list[float] = []
+    with tempfile.TemporaryDirectory() as d:
+        there, back = f"ipc://{d}/there", f"ipc://{d}/back"
+        ctx = zmq.Context()
+        pull = ctx.socket(zmq.PULL)
+        pull.bind(back)
+        proc = mp.get_context("spawn").Process(target=_echo, args=(there, back, total))
+        proc.start()
+        push = ctx.socket(zmq.PUSH)
+        push.connect(there)
+        for _ in range(repeats):
+            times = []
+            for i in range(count + 50):
+                start = time.perf_counter()
+                push.send(messages.encode(msg))
+                messages.decode(pull.recv())
+                if i >= 50:
+                    times.append(time.perf_counter() - start)
+            hops.append(statistics.median(times) / 2)
+        proc.join()
+        push.close()
+        pull.close()
+        ctx.term()
+    return StageCost.of("ipc", hops)
+
+
+def _decoding_engine(batch: int) -> Any:
+    """An ``StepDriver`` whose ``batch`` requests are all decoding, with a model that answers at
+    once."""
+    import torch
+
+    from core.scheduler import SchedulerConfig
+    from engine.runner.step import StepHandle
+    from engine.scheduler_proc.driver import StepDriver
+
+    def instant(plan: Any, inputs: Any) -> StepHandle:
+        return StepHandle(torch.full((len(plan.sampling_rids()),), 7))
+
+    engine = StepDriver(SchedulerConfig(num_pages=100_000, max_running=256), instant, [0])
+    params = SamplingParams(max_new_tokens=1 << 20, ignore_eos=True)
+    for i in range(batch):
+        ids = [(i * 997 + j) % 30_000 + 1 for j in range(1000)]
+        engine.add(messages.TokenizedRequest(f"r{i}", ids, params, 0.0, 0.0))
+    while engine.core.num_waiting or any(r.num_output == 0 for r in engine.tracked.values()):
+        engine.step()
+    return engine
+
+
+def measure_schedule(repeats: int, steps: int = 100) -> tuple[StageCost, StageCost, str]:
+    """Per-step and per-request costs (least squares over batch sizes), and the points."""
+    batches = (1, 8, 32, 64, 128, 256)
+    fits: list[tuple[float, float]] = []
+    per_batch: dict[int, list[float]] = {b: [] for b in batches}
+    for _ in range(repeats):
+        points = []
+        for batch in batches:
+            engine = _decoding_engine(batch)
+            start = time.perf_counter()
+            for _ in range(steps):
+                engine.step()
+            points.append((time.perf_counter() - start) / steps)
+        x = np.array([[1.0, b] for b in batches])
+        (per_step, per_request), *_ = np.linalg.lstsq(x, np.array(points), rcond=None)
+        fits.append((max(float(per_step), 0.0), max(float(per_request), 0.0)))
+        for b, t in zip(batches, points, strict=True):
+            per_batch[b].append(t)
+    what = ",".join(f"{b}:{statistics.median(t) * 1e6:.1f}us" for b, t in per_batch.items())
+    return (
+        StageCost.of("schedule", [f[0] for f in fits]),
+        StageCost.of("schedule_request", [f[1] for f in fits]),
+        what,
+    )

@@ -1,0 +1,161 @@
+"""The grid of batch plans that ``engine profile`` times, and the plans themselves.
+
+A ``StepPoint`` is one batch: prefill chunks ``(start, length)`` (``start`` > 0
+means a cached prefix the chunk attends to) and decode slots (the position of
+each request's new token). Every sequence gets its own pages, so a step reads
+as much KV as it would in serving. Points whose pages do not fit in the pool
+are left out (and reported).
+
+The grid crosses prefill sizes with cached prefixes and chunk counts, decode
+batch sizes with per-request contexts, and a few prefill sizes with decode
+batches (mixed steps). Decode and mixed steps come uniform (every request at
+one context) and ragged (one request at the longest context, the others at the
+shortest), so that a fit can tell the context read from the context padded to
+the longest request. Held-out points are drawn at random inside the same
+ranges, each request its own context (seeded); the ``table`` fit never sees
+them, so its error on them is an honest estimate of its error between grid
+points.
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass
+
+from core.scheduler.pages import pages_for
+from core.scheduler.plan import DecodeSlot, Plan, PrefillChunk
+
+
+@dataclass(frozen=True, slots=True)
+class StepPoint:
+    prefill: tuple[tuple[int, int], ...]  # (start, length) per chunk
+    decode: tuple[int, ...]  # position of each decode slot's new token
+    split: str = "fit"
+
+    def pages_needed(self, page_size: int) -> int:
+        ends = [s + n for s, n in self.prefill] + [p + 1 for p in self.decode]
+        return sum(pages_for(e, page_size) for e in ends)
+
+    def plan(self, page_size: int) -> Plan:
+        """The plan of this point: rids ``p0..``/``d0..``, pages laid out one sequence after
+        another from page 0."""
+        next_page = 0
+
+        def take(tokens: int) -> tuple[int, ...]:
+            nonlocal next_page
+            n = pages_for(tokens, page_size)
+            next_page += n
+            return tuple(range(next_page - n, next_page))
+
+        prefill = tuple(
+            PrefillChunk(f"p{i}", s, n, True, take(s + n)) for i, (s, n) in enumerate(self.prefill)
+        )
+        decode = tuple(DecodeSlot(f"d{i}", p, take(p + 1)) for i, p in enumerate(self.decode))
+        return Plan(step=0, prefill=prefill, decode=decode)
+
+
+def ints(text: str) -> tuple[int, ...]:
+    """``"1,2,4"`` -> ``(1, 2, 4)``; every value a positive integer (``0`` allowed for prefixes)."""
+    try:
+        values = tuple(int(v) for v in text.split(",") if v.strip())
+    except ValueError:
+        raise ValueError(f"expected comma-separated integers, got {text!r}") from None
+    if not values or any(v < 0 for v in values):
+        raise ValueError(f"expected comma-separated integers >= 0, got {text!r}")
+    return values
+
+
+def cuda_batches(largest: int = 256) -> tuple[int, ...]:
+    """1..8, then every multiple of 8 and the size after it: both sides of any
+    CUDA-graph bucket edge on a multiple of 8."""
+    sizes = set(range(1, 9))
+    for b in range(8, largest + 1, 8):
+        sizes.update((b, b + 1))
+    return tuple(sorted(s for s in sizes if s <= largest))
+
+
+@dataclass(frozen=True, slots=True)
+class GridSpec:
+    prefill_tokens: tuple[int, ...]
+    prefill_prefixes: tuple[int, ...]
+    prefill_chunks: tuple[int, ...]
+    decode_batches: tuple[int, ...]
+    decode_contexts: tuple[int, ...]
+    mixed_prefill: tuple[int, ...]
+    mixed_batches: tuple[int, ...]
+    holdout: int
+    seed: int = 0
+
+    @staticmethod
+    def default(device: str) -> GridSpec:
+        if device.startswith("cuda"):
+            return GridSpec(
+                prefill_tokens=(16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192),
+                prefill_prefixes=(0, 4096),
+                prefill_chunks=(1, 4),
+                decode_batches=cuda_batches(256),
+                decode_contexts=(256, 1024, 4096),
+                mixed_prefill=(256, 2048),
+                mixed_batches=(8, 64),
+                holdout=40,
+            )
+        return GridSpec(  # prefill sizes off the powers of two, as prompts are (oneDNN's
+            # bf16 kernels run aligned sizes 6-14 % faster a token)
+            prefill_tokens=(20, 60, 124, 252, 508, 1020, 2044),
+            prefill_prefixes=(0, 1024),
+            prefill_chunks=(1, 4),
+            decode_batches=(1, 2, 4, 8, 16, 32, 64),
+            decode_contexts=(128, 512, 2048),
+            mixed_prefill=(128, 512),
+            mixed_batches=(4, 16),
+            holdout=12,
+        )
+
+    def points(self) -> list[StepPoint]:
+        """The fit points, then ``holdout`` held-out ones."""
+        out: list[StepPoint] = []
+        for tokens in self.prefill_tokens:
+            for chunks in self.prefill_chunks:
+                if tokens % chunks == 0 and tokens // chunks >= 1:
+                    for prefix in self.prefill_prefixes:
+                        out.append(StepPoint(((prefix, tokens // chunks),) * chunks, ()))
+        for batch in self.decode_batches:
+            for context in self.decode_contexts:
+                out.append(StepPoint((), (context,) * batch))
+            out.append(StepPoint((), self.ragged(batch)))
+        middle = sorted(self.decode_contexts)[len(self.decode_contexts) // 2]
+        for tokens in self.mixed_prefill:
+            for batch in self.mixed_batches:
+                out.append(StepPoint(((0, tokens),), (middle,) * batch))
+                out.append(StepPoint(((0, tokens),), self.ragged(batch)))
+        return list(dict.fromkeys(out)) + self.holdout_points()
+
+    def ragged(self, batch: int) -> tuple[int, ...]:
+        """One request at the longest context, the others at the shortest: what padding the
+        decode batch to its longest request costs."""
+        return (max(self.decode_contexts),) + (min(self.decode_contexts),) * (batch - 1)
+
+    def holdout_points(self) -> list[StepPoint]:
+        """Random points inside the grid's ranges: a third each decode, prefill, mixed."""
+        rng = random.Random(self.seed)
+        out: list[StepPoint] = []
+
+        def between(values: tuple[int, ...]) -> int:
+            return rng.randint(min(values), max(values))
+
+        def contexts(batches: tuple[int, ...]) -> tuple[int, ...]:
+            return tuple(between(self.decode_contexts) for _ in range(between(batches)))
+
+        for i in range(self.holdout):
+            kind = i % 3
+            if kind == 0:
+                out.append(StepPoint((), contexts(self.decode_batches), "holdout"))
+            elif kind == 1:
+                chunks = rng.choice(self.prefill_chunks)
+                length = max(1, between(self.prefill_tokens) // chunks)
+                prefix = between(self.prefill_prefixes)
+                out.append(StepPoint(((prefix, length),) * chunks, (), "holdout"))
+            else:
+                prefill = ((0, between(self.mixed_prefill)),)
+                out.append(StepPoint(prefill, contexts(self.mixed_batches), "holdout"))
+        return out

@@ -1,0 +1,182 @@
+"""``engine profile``: measure the serving code path and write a profile for the simulator.
+
+Runner flags are ``engine serve``'s own (parsed by its parser and turned into
+``RunnerArgs`` by the same functions), so a profile measures what serving runs
+with the same flags. The profile's flags bound the work: the grid, the
+repeats, and ``--max-seconds`` for the step grid.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import random
+import shlex
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+from tqdm import tqdm
+
+from engine.ipc.config import ServeConfig
+from engine.models.setup import ModelNotFoundError
+from lab.profile import provenance
+from lab.profile.grid import GridSpec, StepPoint, ints
+from lab.profile.stages import measure_stages
+from lab.profile.steps import StepTimer, serving_runner
+from sim.costs.base import CpuCosts
+from sim.costs.profile import Profile, ProfileRow, display_path, write_profile
+from sim.costs.table import TableCostModel
+
+GRID_FLAGS = (
+    ("prefill-tokens", "prefill tokens per step (pure prefill)"),
+    ("prefill-prefixes", "cached prefix before each prefill chunk"),
+    ("prefill-chunks", "requests the prefill tokens are split over"),
+    ("decode-batches", "decode batch sizes"),
+    ("decode-contexts", "context of each decoding request"),
+    ("mixed-prefill", "prefill tokens of mixed steps"),
+    ("mixed-batches", "decode requests of mixed steps"),
+)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="engine profile",
+        description="Time batch plans on the serving runner and the CPU stages around it; "
+        "write a profile CSV for `sim replay --profile`.",
+        epilog="Every other option is engine serve's (--model, --tokenizer, --device, --tp, "
+        "--dtype, --dummy-weights, --attention-backend, --no-cuda-graph, --num-pages, "
+        "--page-size, --cpu-threads, --seed) and builds the same runner.",
+    )
+    p.add_argument("--out", type=Path, required=True, help="profile CSV to write")
+    for flag, help_ in GRID_FLAGS:
+        p.add_argument(f"--{flag}", type=ints, help=f"{help_}, comma-separated")
+    p.add_argument("--holdout", type=int, help="random grid points kept out of the fit")
+    p.add_argument("--repeats", type=int, default=5, help="timed runs of each plan")
+    p.add_argument("--warmup", type=int, default=1, help="untimed runs of each plan first")
+    p.add_argument("--stage-repeats", type=int, default=5, help="repeats of each CPU stage")
+    p.add_argument("--max-seconds", type=float, help="stop timing plans after this long")
+    p.add_argument("--no-steps", action="store_true", help="CPU stage costs only")
+    p.add_argument("--no-cpu-stages", action="store_true", help="step times only")
+    return p
+
+
+def serve_config(serve_argv: list[str], run_dir: str) -> ServeConfig:
+    """The ``ServeConfig`` ``engine serve`` would build from ``serve_argv``."""
+    from engine.launch.model_source import resolve_source
+    from engine.launch.serve import build_parser as serve_parser
+    from engine.launch.serve import make_config
+
+    parser = serve_parser()
+    parser.prog = "engine profile"
+    args = parser.parse_args(serve_argv)
+    source = resolve_source(args.model, args.tokenizer, args.dummy_weights)
+    return make_config(args, source, Path(run_dir), port=0)
+
+
+def grid_spec(args: argparse.Namespace, device: str) -> GridSpec:
+    spec = GridSpec.default(device)
+    given = {f.replace("-", "_"): getattr(args, f.replace("-", "_")) for f, _ in GRID_FLAGS}
+    given["holdout"] = args.holdout
+    values = {k: v for k, v in given.items() if v is not None}
+    return GridSpec(**{**{k: getattr(spec, k) for k in spec.__slots__}, **values})
+
+
+def measure_steps(
+    cfg: ServeConfig, spec: GridSpec, args: argparse.Namespace, info: dict[str, str]
+) -> list[ProfileRow]:
+    """Time the grid's plans (shuffled, so that ``--max-seconds`` cuts evenly) on the runner
+    ``engine serve`` would build from ``cfg``."""
+    from engine.scheduler_proc.loop import runner_args
+
+    rargs = runner_args(cfg)
+    with serving_runner(rargs) as leader:
+        runner = leader.runner
+        vocab = cfg.vocab_limit or cfg.vocab_size
+        timer = StepTimer(leader, runner.page_size, runner.num_pages, vocab, spec.seed)
+        on_cuda = cfg.device.startswith("cuda")
+        info["dtype"] = str(rargs.torch_dtype()).removeprefix("torch.")
+        info["attention_backend"] = runner.backend_name
+        info["cuda_graph"] = str(rargs.cuda_graph and on_cuda)
+        info["num_pages"] = f"{runner.num_pages} of {runner.page_size} tokens"
+        points = spec.points()
+        left_out = [p for p in points if not timer.fits(p)]
+        points = [p for p in points if timer.fits(p)]
+        if left_out:
+            print(f"left out {len(left_out)} plans larger than the KV pool", file=sys.stderr)
+        random.Random(spec.seed).shuffle(points)
+        rows = run_points(timer, points, args)
+    if len(rows) < len(points):
+        info["cut"] = f"--max-seconds {args.max_seconds}: timed {len(rows)} of {len(points)} plans"
+    return rows
+
+
+def run_points(
+    timer: StepTimer, points: list[StepPoint], args: argparse.Namespace
+) -> list[ProfileRow]:
+    rows: list[ProfileRow] = []
+    start = time.monotonic()
+    for point in tqdm(points, desc="plans", unit="plan", file=sys.stderr, mininterval=1.0):
+        if args.max_seconds is not None and time.monotonic() - start > args.max_seconds:
+            print(f"--max-seconds {args.max_seconds} reached", file=sys.stderr)
+            break
+        rows.append(timer.run(point, args.repeats, args.warmup))
+    return rows
+
+
+def describe_grid(spec: GridSpec, args: argparse.Namespace) -> str:
+    parts = [f"{f}={','.join(map(str, getattr(spec, f.replace('-', '_'))))}" for f, _ in GRID_FLAGS]
+    return " ".join([*parts, f"holdout={spec.holdout}", f"repeats={args.repeats}",
+                     f"warmup={args.warmup}"])  # fmt: skip
+
+
+def summary_lines(profile: Profile) -> list[str]:
+    """What ``engine profile`` prints: the plans timed, the fit's errors, the CPU costs."""
+    lines = [f"profile {profile.path}: {len(profile.steps)} step plans"]
+    if "table_fit" in profile.provenance:
+        lines.append(f"table fit: {profile.provenance['table_fit']}")
+    lines += [f"  {k:<17}{v * 1e6:10.2f} us" for k, v in profile.cpu.items()]
+    return lines
+
+
+def profile_main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    parser = build_parser()
+    args, serve_argv = parser.parse_known_args(argv)
+    logging.basicConfig(level=logging.WARNING, stream=sys.stderr)
+    with tempfile.TemporaryDirectory() as run_dir:
+        try:
+            cfg = serve_config(serve_argv, run_dir)
+        except (ModelNotFoundError, ValueError) as exc:
+            parser.exit(2, f"engine profile: error: {exc}\n")
+    if cfg.device == "cuda" and not args.no_steps and torch.cuda.device_count() < cfg.tp_size:
+        parser.exit(2, f"engine profile: error: --tp {cfg.tp_size} needs as many CUDA devices, "
+                    f"this machine has {torch.cuda.device_count()}\n")  # fmt: skip
+    spec = grid_spec(args, cfg.device)
+    info = {
+        "hardware": provenance.hardware(cfg.device, cfg.tp_size),
+        "model": f"{cfg.model} ({'dummy weights' if cfg.dummy_weights else cfg.model_path})",
+        "date": provenance.now(),
+        "command": "engine profile " + shlex.join(argv),
+        "device": cfg.device,
+        "tp": str(cfg.tp_size),
+        "software": provenance.versions(),
+        "source": provenance.source_revision(),
+    }
+    rows: list[ProfileRow] = []
+    if not args.no_steps:
+        info["grid"] = describe_grid(spec, args)
+        rows += measure_steps(cfg, spec, args, info)
+    if not args.no_cpu_stages:
+        rows += measure_stages(cfg, args.stage_repeats, info)
+    steps = [r for r in rows if r.kind not in CpuCosts.KINDS]
+    cpu = {r.kind: r.duration_s for r in rows if r.kind in CpuCosts.KINDS}
+    profile = Profile(display_path(args.out), info, steps, cpu)
+    if steps:
+        info["table_fit"] = TableCostModel(profile, cfg.tp_size).error_text()
+    print("\n".join(summary_lines(profile)))
+    write_profile(args.out, info, rows)
+    print(f"wrote {args.out}")
+    return 0

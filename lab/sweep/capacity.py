@@ -1,0 +1,162 @@
+"""``sim capacity``: the highest rate each configuration serves within its SLOs, by bisection.
+
+A probe replays the trace at rate scale ``x`` (arrivals divided by ``x``) and
+passes when its SLO attainment (requests meeting every SLO, over all requests)
+reaches ``--attainment``. Per configuration, starting at ``x = 1``:
+
+1. bracket: double ``x`` while probes pass (up to ``MAX_SCALE``), halve it
+   while they fail (down to ``MIN_SCALE``);
+2. bisect geometrically (``sqrt(lo * hi)``) until ``hi / lo <= 1 + tolerance``.
+
+The capacity is ``lo``, the highest passing scale: ``lo`` times the trace's
+mean arrival rate (requests over the span of arrivals) in requests per second.
+With the traffic split evenly over ``N`` replicas each sees rate scale
+``1 / N``, so the trace's own rate needs ``ceil(1 / lo)`` replicas. The binding
+limit (``lab.report.verdict``) is reported at ``lo`` and at ``hi``, the lowest
+failing scale: the limit that binds at the edge; with it, at ``hi``, the stage
+that takes the largest share of TTFT and how busy the engine is. Bisection assumes attainment
+falls as the rate rises; all probes are listed in ``probes.csv``.
+
+All configurations search at once: each round runs one probe per unfinished
+configuration on the executor, through the same cache as ``sim sweep``.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+import pandas as pd
+
+from lab.sweep.executor import Executor
+from lab.sweep.probes import Probe, RowCache, probe_key, run_probes
+from lab.sweep.sweep import Plan
+from schema.traces import Trace
+from sim.config import SimConfig
+
+MAX_SCALE = 1024.0
+MIN_SCALE = 1.0 / 1024
+
+
+@dataclass(slots=True)
+class Search:
+    """One configuration's bisection: the probes so far and the bracket they give."""
+
+    probe: Probe  # at rate scale 1; each step copies it at another scale
+    lo: float | None = None  # highest passing scale
+    hi: float | None = None  # lowest failing scale
+    rows: dict[float, dict[str, Any]] = field(default_factory=dict)
+    error: str = ""
+
+    def next_scale(self, tolerance: float) -> float | None:
+        """The next scale to probe, or None when the search is over."""
+        lo, hi = self.lo, self.hi
+        if self.error:
+            return None
+        if lo is None and hi is None:
+            return 1.0
+        if lo is None:
+            return None if hi is None or hi <= MIN_SCALE else hi / 2
+        if hi is None:
+            return None if lo >= MAX_SCALE else lo * 2
+        return None if hi / lo <= 1 + tolerance else math.sqrt(lo * hi)
+
+    def record(self, scale: float, row: dict[str, Any], attainment: float) -> None:
+        self.rows[scale] = row
+        if row["status"] != "ok":
+            self.error = row["error"]
+        elif row["slo_attainment"] >= attainment:
+            self.lo = scale if self.lo is None else max(self.lo, scale)
+        else:
+            self.hi = scale if self.hi is None else min(self.hi, scale)
+
+
+def probe_at(probe: Probe, scale: float, trace_digest: str, limit: int | None) -> Probe:
+    """``probe`` at another rate scale (an invalid configuration keeps its failing key)."""
+    if probe.error:
+        return replace(probe, rate_scale=scale)
+    key = probe_key(trace_digest, limit, SimConfig.from_flat(**probe.config), scale)
+    return Probe(probe.config, scale, key)
+
+
+def search_capacity(
+    plan: Plan,
+    trace: Trace,
+    executor: Executor,
+    cache: RowCache,
+    *,
+    attainment: float,
+    tolerance: float,
+    trace_digest: str,
+    progress: bool = True,
+) -> list[Search]:
+    """Bisect every configuration of ``plan`` (its probes' rate scales are ignored)."""
+    searches = [Search(p) for p in plan.probes]
+    for round_no in range(1, 1000):
+        steps: list[tuple[Search, float]] = []
+        for s in searches:
+            x = s.next_scale(tolerance)
+            if x is not None:
+                steps.append((s, x))
+        if not steps:
+            break
+        probes = [probe_at(s.probe, x, trace_digest, trace.limit) for s, x in steps]
+        rows = run_probes(
+            probes, trace, executor, cache, progress=progress, desc=f"capacity round {round_no}"
+        )
+        for (search, scale), row in zip(steps, rows, strict=True):
+            search.record(scale, row, attainment)
+    return searches
+
+
+def arrival_rate(trace: Trace) -> float:
+    """Mean arrival rate of the trace (requests per second of arrivals)."""
+    span = trace.duration_s
+    return len(trace.requests) / span if span > 0 else math.inf
+
+
+def capacity_table(
+    plan: Plan, searches: list[Search], knobs: list[str], rate: float
+) -> pd.DataFrame:
+    """One row per configuration: its knobs, capacity, replicas and the limits at the edge."""
+    records = []
+    for i, (point, s) in enumerate(zip(plan.points, searches, strict=True)):
+        at, above = s.rows.get(s.lo or -1.0, {}), s.rows.get(s.hi or -1.0, {})
+        records.append(
+            {
+                "config_id": i,
+                **{k: point.get(k) for k in knobs},
+                "status": "failed" if s.error else "ok",
+                "max_rate_scale": s.lo if s.lo is not None else 0.0,
+                "max_request_rate": (s.lo or 0.0) * rate,
+                "replicas": math.ceil(1 / s.lo) if s.lo else None,
+                "attainment_at_max": at.get("slo_attainment"),
+                "binding_limit_at_max": at.get("binding_limit"),
+                "first_failing_scale": s.hi,
+                "attainment_above": above.get("slo_attainment"),
+                "binding_limit_above": above.get("binding_limit"),
+                "ttft_stage_above": above.get("dominant_ttft_stage"),
+                "engine_busy_above": above.get("engine_busy"),
+                "ttft_ms_p90_at_max": at.get("ttft_ms_p90"),
+                "tpot_ms_p90_at_max": at.get("tpot_ms_p90"),
+                "output_throughput_at_max": at.get("output_throughput"),
+                "probes": len(s.rows),
+                "error": s.error,
+            }
+        )
+    return pd.DataFrame.from_records(records)
+
+
+def probes_table(searches: list[Search], attainment: float) -> pd.DataFrame:
+    """Every probe of every search: configuration, scale, pass or fail, its row."""
+    records = [
+        {"config_id": i, "rate_scale": scale, "passed": _passed(row, attainment), **row}
+        for i, s in enumerate(searches)
+        for scale, row in sorted(s.rows.items())
+    ]
+    return pd.DataFrame.from_records(records).drop(columns=["wall_s"], errors="ignore")
+
+
+def _passed(row: dict[str, Any], attainment: float) -> bool:
+    return bool(row["status"] == "ok" and row["slo_attainment"] >= attainment)

@@ -1,0 +1,82 @@
+"""Sweep grids: a TOML file of knobs, expanded to the Cartesian product of their values.
+
+Every key is a ``SimConfig`` field (the same names as a ``--config`` file, and
+the same optional tables ``[scheduler]``, ``[model]``, ``[costs]``,
+``[pipeline]``) or ``rate_scale``. A list gives the values to sweep, a scalar
+fixes the knob::
+
+    policy = ["fcfs", "sjf"]
+    max_running = [64, 256]
+    rate_scale = [1, 2, 4]
+
+    [pipeline]
+    num_tokenizers = [1, 2]
+
+expands to 2 x 2 x 3 x 2 = 24 configurations, in file order with the last key
+varying fastest. A name that is neither a field nor ``rate_scale`` is an error
+that lists the known names, so a knob added to ``SimConfig`` later is
+sweepable by its name at once.
+"""
+
+from __future__ import annotations
+
+import itertools
+import tomllib
+from pathlib import Path
+from typing import Any
+
+from sim.config import CONFIG_KEYS, SECTIONS
+
+RATE_SCALE = "rate_scale"
+"""The one knob that is not a ``SimConfig`` field: arrivals are divided by it."""
+
+
+def knob_names() -> list[str]:
+    return sorted(CONFIG_KEYS | {RATE_SCALE})
+
+
+def read_grid(path: Path | str) -> dict[str, list[Any]]:
+    """The knobs of a grid file, each with its list of values (a scalar becomes one value)."""
+    path = Path(path)
+    if not path.is_file():
+        raise ValueError(f"{path}: no such grid file")
+    try:
+        raw = tomllib.loads(path.read_text(encoding="utf-8"))
+    except tomllib.TOMLDecodeError as exc:
+        raise ValueError(f"{path}: cannot parse the grid as TOML ({exc})") from None
+    flat: dict[str, Any] = {}
+    for key, value in raw.items():
+        items = value.items() if key in SECTIONS and isinstance(value, dict) else [(key, value)]
+        for name, v in items:
+            if name in flat:
+                raise ValueError(f"{path}: knob {name!r} is given twice")
+            flat[name] = v
+    return check_grid(flat, where=str(path))
+
+
+def check_grid(knobs: dict[str, Any], where: str = "grid") -> dict[str, list[Any]]:
+    """Knob values as lists; unknown names, nested tables and empty lists are errors."""
+    known = knob_names()
+    unknown = sorted(set(knobs) - set(known))
+    if unknown:
+        raise ValueError(f"{where}: unknown knobs {unknown}; known: {known}")
+    grid: dict[str, list[Any]] = {}
+    for name, value in knobs.items():
+        values = list(value) if isinstance(value, list) else [value]
+        if not values:
+            raise ValueError(f"{where}: knob {name!r} has an empty list of values")
+        if any(isinstance(v, dict | list) for v in values):
+            raise ValueError(f"{where}: knob {name!r} takes scalar values, got {value!r}")
+        grid[name] = values
+    return grid
+
+
+def expand(grid: dict[str, list[Any]]) -> list[dict[str, Any]]:
+    """The Cartesian product of the values: one dict of knob values per configuration."""
+    names = list(grid)
+    return [dict(zip(names, combo, strict=True)) for combo in itertools.product(*grid.values())]
+
+
+def swept(grid: dict[str, list[Any]]) -> list[str]:
+    """The knobs that take more than one value."""
+    return [name for name, values in grid.items() if len(values) > 1]

@@ -1,0 +1,1 @@
+"""``sim validate``: the real engine against the simulator on one trace, and its report."""

@@ -1,0 +1,217 @@
+"""``sim validate``: run a trace on a live server and through the simulator, then compare.
+
+    sim validate TRACE --url URL --profile FILE [--repeats 2] --out DIR
+
+1. Read the server: its model and context (``/v1/models``) and its KV pages
+   (``engine_kv_pages_total`` in ``/metrics``). The scheduler's other limits
+   (page size, max running, prefill budget, policy, tokenizer workers) are
+   flags with ``engine serve``'s defaults: give the values the server runs with.
+2. Drop the trace's requests the server cannot take (prompt plus output
+   beyond its context), so both worlds see the same requests.
+3. ``engine bench`` the trace ``--repeats`` times (``real-1/``, ``real-2/``, ...),
+   noting the load average before and after each run.
+4. ``sim replay`` it once with the ``table`` cost model of ``--profile``
+   (``sim/``); the CPU stage costs come from the profile too.
+5. Write ``comparison.json`` (``lab.validate.compare``, TTFT split by stage included)
+   and ``report.html`` (real and simulated CDFs and timelines overlaid); every
+   run also writes its own outputs and ``timeline.json``.
+
+With ``--real-from DIR`` instead of ``--url``, steps 1-3 are the runs an
+earlier validation recorded in ``DIR`` (``lab.validate.revalidate``): a new profile
+is checked against the same real runs without a server.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shlex
+import sys
+from dataclasses import replace
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from core.scheduler.options import add_scheduler_flags
+from lab.outputs import write_outputs
+from lab.validate.compare import compare, format_comparison, ttft_parts
+from lab.validate.revalidate import profile_dtype, recorded_config, recorded_runs, recorded_trace
+from schema.jsonsafe import json_safe
+from schema.perfetto import TIMELINE_NAME, write_timeline
+from schema.run import RunResult
+from schema.traces import Trace, load_trace
+from sim.config import CONFIG_KEYS, SCHEDULER_KEYS, SimConfig, build_config, read_config_file
+from sim.replay import run_replay
+
+if TYPE_CHECKING:
+    from lab.bench.server import ServerInfo
+
+
+REAL_FROM_READS = ("real_from", "profile", "overlap", "out", "no_report", "no_progress")
+"""The options ``--real-from`` reads; the recorded run fixes the others."""
+
+
+def add_validate_args(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    p = sub.add_parser("validate", help="compare a live server with its simulation")
+    p.add_argument("trace", type=Path, help="a .jsonl (Mooncake fields) or Azure .csv trace")
+    p.add_argument("--url", help="the server's base URL")
+    p.add_argument(
+        "--real-from",
+        type=Path,
+        help="an earlier sim validate --out: simulate its recorded real runs again with "
+        "--profile, without a server (see lab/validate/revalidate.py)",
+    )
+    p.add_argument("--profile", required=True, help="profile CSV measured on the server's hardware")
+    p.add_argument("--out", type=Path, required=True, help="output directory")
+    p.add_argument("--repeats", type=int, default=2, help="real runs (noise needs two or more)")
+    p.add_argument("--rate-scale", type=float, default=1.0)
+    p.add_argument("--limit", type=int)
+    p.add_argument("--config", type=Path, help="simulator config file (JSON or TOML)")
+    p.add_argument("--model", help="the simulator's model preset (default: the server's model)")
+    p.add_argument("--tokenizer", help="tokenizer for the prompts (see engine bench)")
+    p.add_argument(
+        "--overlap",
+        action=argparse.BooleanOptionalAction,
+        help="simulate overlap scheduling (default: as the server reports, else the config's)",
+    )
+    p.add_argument("--num-tokenizers", type=int, default=1)
+    p.add_argument("--no-report", action="store_true", help="skip the HTML reports")
+    p.add_argument("--no-progress", action="store_true")
+    add_scheduler_flags(p)
+    p.set_defaults(func=cmd_validate)
+
+
+def servable(trace: Trace, max_model_len: int | None) -> tuple[Trace, int]:
+    """``trace`` without the requests whose prompt plus output exceed ``max_model_len``."""
+    if max_model_len is None:
+        return trace, 0
+    keep = [r for r in trace.requests if r.input_length + r.output_length <= max_model_len]
+    return replace(trace, requests=keep), len(trace.requests) - len(keep)
+
+
+def sim_config(args: argparse.Namespace, info: ServerInfo, num_pages: int) -> SimConfig:
+    """The flags named after a ``SimConfig`` field, the server's model, pages, overlap mode and
+    scheduler settings (those that neither a flag nor the config file sets), the profile's
+    ``table`` model and dtype."""
+    flags = {name: getattr(args, name) for name in CONFIG_KEYS if hasattr(args, name)}
+    if flags.get("overlap") is None:
+        flags["overlap"] = info.overlap
+    in_file = read_config_file(args.config).keys() if args.config else set()
+    for name, value in (info.scheduler or {}).items():
+        if name in SCHEDULER_KEYS and flags.get(name) is None and name not in in_file:
+            flags[name] = value
+    dtype = profile_dtype(args.profile)
+    model = args.model or info.model
+    flags |= {"model": model, "num_pages": num_pages, "cost_model": "table", "dtype": dtype}
+    return build_config(args.config, **flags)
+
+
+def run_real(args: argparse.Namespace, trace: Trace, info: ServerInfo) -> list[RunResult]:
+    """The repeats of ``engine bench``, each written to its directory."""
+    from lab.bench.client import Target
+    from lab.bench.main import format_result, write_bench
+    from lab.bench.prompts import PromptMaker, fresh_salt
+    from lab.bench.run import run_bench, tokenizer_for
+
+    tokenizer, folder = tokenizer_for(args.tokenizer, info)
+    target = Target(info.url, info.model, info.ours)
+    results = []
+    for i in range(1, args.repeats + 1):
+        salt = fresh_salt()  # each run's prompts are new to the server's prefix cache
+        maker = PromptMaker(tokenizer, salt)
+        before = os.getloadavg()[0]
+        config = {"server": info.owned_by, "tokenizer": folder, "prompt_salt": salt}
+        result = run_bench(trace, target, maker, progress=not args.no_progress, config=config)
+        after = os.getloadavg()[0]
+        result.summary["bench"]["loadavg_1min"] = {"before": before, "after": after}
+        write_bench(result, args.out / f"real-{i}", report=not args.no_report, timeline=True)
+        print(f"real run {i} (load average {before:.2f} before, {after:.2f} after)")
+        print(format_result(result.summary) + "\n")
+        results.append(result)
+    return results
+
+
+def run_sim(args: argparse.Namespace, trace: Trace, config: SimConfig) -> RunResult:
+    result = run_replay(trace, config, progress=not args.no_progress)
+    out = args.out / "sim"
+    write_outputs(result, out, report=not args.no_report)
+    write_timeline(out / TIMELINE_NAME, result.requests, result.steps, "sim replay")
+    return result
+
+
+def command_line(args: argparse.Namespace) -> str:
+    """The ``sim validate`` command with every option it read spelled out."""
+    parts = ["sim", "validate", str(args.trace)]
+    for key, value in vars(args).items():
+        if key in ("trace", "command", "func") or value is None or value is False:
+            continue
+        if args.real_from is not None and key not in REAL_FROM_READS:
+            continue
+        flag = "--" + key.replace("_", "-")
+        parts += [flag] if value is True else [flag, str(value)]
+    return shlex.join(parts)
+
+
+def cmd_validate(args: argparse.Namespace) -> int:
+    if args.repeats < 1:
+        raise ValueError("--repeats must be >= 1")
+    if (args.url is None) == (args.real_from is None):
+        raise ValueError("give --url (a live server) or --real-from DIR (an earlier validation)")
+    real: list[RunResult] | None = None
+    if args.real_from is not None:
+        record, recorded = recorded_runs(args.real_from)
+        trace = recorded_trace(args, record, recorded[0][1])
+        config = recorded_config(args, record)
+        summaries, frames = [s for s, _ in recorded], [r for _, r in recorded]
+        record["real_from"] = str(args.real_from)
+        args.out.mkdir(parents=True, exist_ok=True)
+    else:
+        trace, config, record, real = validate_live(args)
+        summaries, frames = [r.summary for r in real], [r.requests for r in real]
+    sim = run_sim(args, trace, config)
+    comparison = compare(summaries, sim.summary)
+    comparison["ttft_parts"] = ttft_parts(frames, sim.requests)
+    comparison["run"] = record | {
+        "profile": args.profile,
+        "sim_config": config.to_dict(),
+        "command": command_line(args),
+    }
+    (args.out / "comparison.json").write_text(json.dumps(json_safe(comparison), indent=2) + "\n")
+    if real is not None and not args.no_report:
+        from lab.validate.report import write_validation_report
+
+        write_validation_report(args.out, comparison, real, sim)
+    print(format_comparison(comparison))
+    print(f"\noutputs in {args.out}/")
+    return 0
+
+
+def validate_live(
+    args: argparse.Namespace,
+) -> tuple[Trace, SimConfig, dict[str, Any], list[RunResult]]:
+    """The server's trace slice, the simulator's config, the run record and the real runs."""
+    from lab.bench.server import server_info
+
+    info = server_info(args.url)
+    num_pages = args.num_pages or info.kv_pages_total
+    if num_pages is None:
+        raise ValueError(f"{info.url} does not report its KV pages; give --num-pages")
+    config = sim_config(args, info, num_pages)
+    trace, dropped = servable(
+        load_trace(args.trace, rate_scale=args.rate_scale, limit=args.limit), info.max_model_len
+    )
+    if not trace.requests:
+        raise ValueError(f"no request of {args.trace} fits the server's context")
+    if dropped:
+        print(f"left out {dropped} requests longer than the server's context", file=sys.stderr)
+    args.out.mkdir(parents=True, exist_ok=True)
+    real = run_real(args, trace, info)
+    record = {
+        "trace": trace.describe(),
+        "dropped_requests": dropped,
+        "url": info.url,
+        "server_model": info.model,
+        "repeats": args.repeats,
+        "loadavg_1min": [r.summary["bench"]["loadavg_1min"] for r in real],
+    }
+    return trace, config, record, real

@@ -1,0 +1,65 @@
+"""``sim validate --real-from DIR``: simulate again the real runs an earlier ``sim validate``
+recorded in ``DIR``, with another ``--profile``, without a server.
+
+The trace slice (rate scale, limit, the requests the server could take) and the
+simulator's config come from ``DIR/comparison.json``; only the profile (its
+``table`` model, CPU costs and dtype) and, if given, ``--overlap`` change. The
+real side is each ``DIR/real-N``'s ``summary.json`` and ``requests.csv``, so
+``comparison.json`` has the same keys as a live validation; the HTML report,
+which needs the real runs' inter-token gaps, is not written.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+from schema.traces import Trace, load_trace
+from sim.config import CONFIG_KEYS, SimConfig, build_config
+from sim.costs import read_profile
+
+DTYPES = {"float32": "fp32", "bfloat16": "bf16", "float16": "fp16"}
+"""The simulator's name of a profile's ``dtype``."""
+
+
+def profile_dtype(profile: str) -> str | None:
+    return DTYPES.get(read_profile(profile).provenance.get("dtype", ""))
+
+
+def recorded_runs(folder: Path) -> tuple[dict[str, Any], list[tuple[dict[str, Any], pd.DataFrame]]]:
+    """The ``run`` record of ``folder/comparison.json`` and each real run's summary and
+    requests."""
+    path = folder / "comparison.json"
+    if not path.is_file():
+        raise ValueError(f"{folder} holds no comparison.json of an earlier sim validate")
+    run = json.loads(path.read_text())["run"]
+    runs = []
+    for i in range(1, int(run["repeats"]) + 1):
+        real = folder / f"real-{i}"
+        summary = json.loads((real / "summary.json").read_text())
+        runs.append((summary, pd.read_csv(real / "requests.csv", dtype={"rid": str})))
+    return run, runs
+
+
+def recorded_trace(args: argparse.Namespace, run: dict[str, Any], served: pd.DataFrame) -> Trace:
+    """``args.trace`` sliced as the recorded run sliced it, with only the requests it sent."""
+    spec = run["trace"]
+    if Path(spec["path"]) != Path(args.trace):
+        raise ValueError(f"{args.real_from} recorded {spec['path']}, not {args.trace}")
+    trace = load_trace(args.trace, rate_scale=spec["rate_scale"], limit=spec["limit"])
+    sent = set(served["rid"])
+    return replace(trace, requests=[r for r in trace.requests if r.rid in sent])
+
+
+def recorded_config(args: argparse.Namespace, run: dict[str, Any]) -> SimConfig:
+    """The recorded simulator config with ``--profile`` (and ``--overlap``, if given)."""
+    values = {k: v for k, v in run["sim_config"].items() if k in CONFIG_KEYS}
+    values |= {"profile": args.profile, "cost_model": "table", "dtype": profile_dtype(args.profile)}
+    if args.overlap is not None:
+        values["overlap"] = args.overlap
+    return build_config(None, **values)

@@ -1,0 +1,237 @@
+"""The simulated twin of the engine's ``SchedulerLoop``: the core's calls, priced by cost models.
+
+Strict alternation (the default): each iteration calls ``schedule(now)``,
+spends the scheduler's CPU time, runs the step on the GPU, then ``complete``;
+the step's tokens leave when it ends. A step costs CPU + GPU.
+
+Overlap scheduling (``overlap``) makes the engine's calls in the engine's
+order, with at most one plan in flight when ``schedule`` is called::
+
+    iteration i:   plan_i = schedule(now)          CPU: the scheduler's time of a step
+                                                   (the profile's schedule + complete),
+                                                   and the step's host work (its wall
+                                                   time less its device time)
+                   launch plan_i                   GPU: starts when the CPU launched it and
+                                                        plan_{i-1} has ended; lasts the
+                                                        step's device time
+                   complete(plan_{i-1})            waits for plan_{i-1}'s GPU end; its tokens
+                                                   leave then
+                   (an empty plan_i is completed at once)
+
+so the GPU runs step N+1 right after step N when the CPU formed it in time, a
+finish is seen one step late, and pages freed meanwhile come back a step later.
+
+Fast-forward: when the core says the next k steps are identical pure-decode
+steps (with overlap: and a pure decode is in flight), the loop prices all k
+with numpy and waits for the run's end or for a request reaching the
+scheduler, whichever comes first; interrupted at t, it applies the iterations
+that began before t and carries on. Decisions and times equal those of
+stepping one by one.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Generator
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+import numpy as np
+import simpy
+
+from core.scheduler import DecodeRun, Plan, SchedulerStats
+from sim.costs.base import CpuCosts, GpuCostModel, StepShape
+
+Process = Generator[simpy.Event, Any, None]
+Stepping = Generator[simpy.Event, Any, "Launched | None"]  # returns the plan left in flight
+
+
+@dataclass(frozen=True, slots=True)
+class Launched:
+    """A plan on the simulated GPU, and when its GPU work ends."""
+
+    plan: Plan
+    end: float
+
+
+class LoopHost(Protocol):
+    """What the loop needs of the pipeline around it: arrivals in, step records and tokens out."""
+
+    def admit_inbox(self) -> None: ...
+    def nothing_to_come(self) -> bool: ...
+    def wait_for_arrival(self) -> simpy.Event: ...
+    def next_arrival(self) -> float | None: ...
+    def sample_scheduler_queue(self, now: float) -> None: ...
+    def note_scheduled(self, plan: Plan) -> None: ...
+    def record_step(
+        self, plan: Plan, shape: StepShape, start: float, duration: float, stats: SchedulerStats
+    ) -> None: ...
+    def record_run(
+        self, run: DecodeRun, starts: np.ndarray, durations: np.ndarray, stats: SchedulerStats
+    ) -> None: ...
+    def handle_events(self, plan: Plan, events: list[Any], end: float) -> None: ...
+    def tokens_of_run(self, rids: tuple[str, ...], leave: np.ndarray) -> None: ...
+
+
+@dataclass(frozen=True, slots=True)
+class LoopSettings:
+    """How the simulated scheduler process runs (the engine's ``--overlap``, and the fast path)."""
+
+    overlap: bool = False
+    fast_forward: bool = True
+    max_run_steps: int = 4096
+
+
+class SimSchedulerLoop:
+    """Drives ``sched`` like the engine's ``SchedulerLoop``, strict or overlapped."""
+
+    def __init__(
+        self,
+        env: simpy.Environment,
+        sched: Any,
+        gpu: GpuCostModel,
+        cpu: CpuCosts,
+        host: LoopHost,
+        settings: LoopSettings,
+    ) -> None:
+        self.env = env
+        self.sched = sched
+        self.gpu = gpu
+        self.cpu = cpu
+        self.p = host
+        self.settings = settings
+        self.num_runs = 0
+        self.steps_in_runs = 0
+
+    def run(self) -> Process:
+        p, env, s = self.p, self.env, self.sched
+        prev: Launched | None = None  # the plan in flight (overlap only)
+        while True:
+            p.admit_inbox()
+            if not s.has_work():
+                if p.nothing_to_come():
+                    return
+                yield p.wait_for_arrival()
+                continue
+            if self.settings.fast_forward and (prev is not None or not self.settings.overlap):
+                k = s.decode_run_length(self.settings.max_run_steps)
+                if k >= 2:
+                    prev = yield from self._decode_run(k, prev)
+                    continue
+            plan = s.schedule(env.now)
+            p.sample_scheduler_queue(env.now)
+            p.note_scheduled(plan)
+            if self.settings.overlap:
+                prev = yield from self._overlapped(plan, prev)
+            else:
+                yield from self._strict(plan)
+
+    def _stalled(self) -> Process:
+        """Nothing could run and nothing is in flight: wait for a request, or fail."""
+        p, s = self.p, self.sched
+        if not s.has_work():
+            return
+        if p.nothing_to_come():
+            raise RuntimeError(
+                f"the scheduler makes no progress at t={self.env.now:.6f}: "
+                f"{s.num_waiting} waiting, {s.num_running} running, nothing arriving"
+            )
+        yield p.wait_for_arrival()
+
+    # ------------------------------------------------------------------ single steps
+    def _strict(self, plan: Plan) -> Process:
+        p, env, s = self.p, self.env, self.sched
+        if not plan.has_model_work:
+            p.handle_events(plan, s.complete(plan, None), env.now)
+            yield from self._stalled()
+            return
+        start = env.now
+        shape = StepShape.of_plan(plan)
+        duration = self.gpu.step_time(shape) + self.cpu.schedule_time(plan.batch_size)
+        stats = s.stats()
+        yield env.timeout(duration)
+        events = s.complete(plan, None)
+        p.record_step(plan, shape, start, duration, stats)
+        p.handle_events(plan, events, env.now)
+
+    def _overlapped(self, plan: Plan, prev: Launched | None) -> Stepping:
+        """Launch ``plan`` once the CPU formed it and the GPU is free, then complete ``prev``
+        when its GPU work ends (both happen at the same time: the GPU start)."""
+        p, env, s = self.p, self.env, self.sched
+        stats = s.stats()
+        cpu = self.cpu.schedule_time(plan.batch_size)
+        shape = StepShape.of_plan(plan) if plan.has_model_work else None
+        gpu = 0.0
+        if shape is not None:
+            gpu = self.gpu.device_time(shape)
+            cpu += max(self.gpu.step_time(shape) - gpu, 0.0)
+        launch = env.now + cpu
+        start = launch if prev is None else max(launch, prev.end)
+        launched = None
+        if shape is not None:
+            p.record_step(plan, shape, start, gpu, stats)
+            launched = Launched(plan, start + gpu)
+        if start > env.now:
+            yield env.timeout(start - env.now)
+        if prev is not None:
+            p.handle_events(prev.plan, s.complete(prev.plan, None), env.now)
+        if launched is None:
+            p.handle_events(plan, s.complete(plan, None), env.now)
+            if prev is None:
+                yield from self._stalled()
+        return launched
+
+    # ------------------------------------------------------------------ decode runs
+    def _decode_run(self, k: int, prev: Launched | None) -> Stepping:
+        """Up to ``k`` identical decode iterations at once; the plan left in flight, if any."""
+        p, env, s = self.p, self.env, self.sched
+        now = env.now
+        rids = tuple(s.running)
+        planned = [r.num_planned for r in s.running.values()]
+        batch = len(planned)
+        context = sum(planned)
+        longest = max(planned)
+        wall = self.gpu.decode_times(batch, context + batch, longest + 1, k)
+        schedule = self.cpu.schedule_time(batch)
+        if prev is None:  # strict: step j runs [start, start + cpu + gpu]; tokens at its end
+            gpu, durations = wall, wall + schedule
+            clock = np.cumsum(np.concatenate(([now], durations)))
+            starts = begins = clock[:-1]
+            ends = clock[1:]
+            token_times = starts + durations
+        else:  # overlap: GPU starts s_j = max(s_{j-1} + cpu_j, s_{j-1} + gpu_{j-1})
+            gpu = durations = self.gpu.decode_device_times(batch, context + batch, longest + 1, k)
+            cpu = schedule + np.maximum(wall - gpu, 0.0)
+            gaps = np.maximum(gpu[:-1], cpu[1:])
+            starts = np.cumsum(np.concatenate(([max(now + cpu[0], prev.end)], gaps)))
+            begins = np.concatenate(([now], starts[:-1]))  # iteration j begins as j-1 ends
+            ends = token_times = starts  # iteration j completes the plan before step j
+        # a request reaching the scheduler before the run's end cuts it after the step
+        # running then (the clock's end of the whole run: now + (ends[-1] - now))
+        j = k
+        arrival = p.next_arrival()
+        if arrival is not None and arrival < now + (float(ends[-1]) - now):
+            j = max(1, int(np.searchsorted(begins, arrival, side="left")))
+        stats = s.stats()
+        run = s.advance_decode(j)
+        if run.context_tokens != context or run.rids != rids:
+            raise RuntimeError("decode run differs from the running set the sim priced")
+        self.num_runs += 1
+        if now < ends[j - 1]:
+            yield env.timeout(float(ends[j - 1]) - now)
+        self._record_run(run, starts[:j], durations[:j], token_times[:j], stats)
+        if run.in_flight is None:
+            return None
+        return Launched(run.in_flight, float(starts[j - 1] + gpu[j - 1]))
+
+    def _record_run(
+        self,
+        run: DecodeRun,
+        starts: np.ndarray,
+        durations: np.ndarray,
+        token_times: np.ndarray,
+        stats: SchedulerStats,
+    ) -> None:
+        """Step rows of the run's steps, and the tokens of the ``run.k`` plans it completed."""
+        self.steps_in_runs += run.k
+        self.p.tokens_of_run(run.rids, token_times)
+        self.p.record_run(run, starts, durations, stats)
