@@ -1,0 +1,1 @@
+"""The shared cores: pure Python, standard library only, no clock."""
