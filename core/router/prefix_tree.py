@@ -44,7 +44,7 @@ class PrefixTree:
     ) -> dict[str, int]:
         """The length of the longest live prefix of ``key`` held by each of ``workers``."""
         now = self._advance(now)
-        oldest = now - self.ttl
+        never = float("-inf")
         lengths = dict.fromkeys(workers, 0)
         alive = set(workers)
         node = self.root
@@ -52,7 +52,7 @@ class PrefixTree:
             child = node.children.get(item)
             if child is None:
                 break
-            alive = {w for w in alive if child.tenants.get(w, oldest) > oldest}
+            alive = {w for w in alive if now - child.tenants.get(w, never) < self.ttl}
             if not alive:
                 break
             for w in alive:
@@ -79,9 +79,9 @@ class PrefixTree:
 
     def expire(self, now: float) -> None:
         """Drop every entry last used ``ttl`` or more before ``now``."""
-        oldest = self._advance(now) - self.ttl
+        now = self._advance(now)
         for node in self._nodes():
-            for w in [w for w, t in node.tenants.items() if t <= oldest]:
+            for w in [w for w, t in node.tenants.items() if now - t >= self.ttl]:
                 self._drop(node, w)
         self._next_sweep = now + self.ttl / 2
 
