@@ -11,9 +11,8 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
-from typing import Any
 
 from fastapi import FastAPI
 from fastapi.responses import JSONResponse, Response
@@ -37,7 +36,7 @@ def error(message: str, status: int, code: str | None = None) -> JSONResponse:
     return JSONResponse(error_body(message, status, code=code), status_code=status, headers=headers)
 
 
-def create_app(service: RouterService, on_ready: Any = None) -> FastAPI:
+def create_app(service: RouterService, on_ready: Callable[[], None] | None = None) -> FastAPI:
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         await service.probe_all()
