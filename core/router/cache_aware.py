@@ -1,0 +1,50 @@
+"""``cache_aware``: the longest cached prefix, while the load stays balanced (SGLang's router).
+
+For each request, among the healthy workers whose load is *balanced* against
+the least loaded one (``RouterConfig.imbalanced``), take the one whose
+approximate prefix tree matches the longest prefix of the key (ties: the less
+loaded, then the first added). If that match covers more than
+``cache_threshold`` of the key, send it there ("cache_hit"); else send it to
+the least loaded worker ("least_loaded"). Whichever worker gets it, the key
+goes into that worker's tree. The least loaded worker is always balanced, so
+a request never lands on a worker beyond the balance threshold.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from core.router.config import RouterConfig
+from core.router.policy import Decision, Policy, register
+from core.router.prefix_tree import PrefixTree
+from core.router.request import RouteRequest, WorkerLoad
+
+
+@register
+class CacheAware(Policy):
+    name = "cache_aware"
+
+    def __init__(self, config: RouterConfig) -> None:
+        super().__init__(config)
+        self.tree = PrefixTree(config.prefix_ttl_s, config.max_prefix_items)
+
+    def choose(self, req: RouteRequest, workers: Sequence[WorkerLoad], now: float) -> Decision:
+        unit = self.config.load
+        least = self.least_loaded(workers)
+        if not req.key:
+            return Decision(least.worker, "least_loaded")
+        balanced = [
+            w for w in workers if not self.config.imbalanced(w.load(unit), least.load(unit))
+        ]
+        matched = self.tree.match(req.key, [w.worker for w in balanced], now)
+        best = max(balanced, key=lambda w: (matched[w.worker], -w.load(unit)))
+        if matched[best.worker] / len(req.key) > self.config.cache_threshold:
+            return Decision(best.worker, "cache_hit")
+        return Decision(least.worker, "least_loaded")
+
+    def routed(self, req: RouteRequest, worker: str, now: float) -> None:
+        if req.key:
+            self.tree.insert(req.key, worker, now)
+
+    def forget(self, worker: str) -> None:
+        self.tree.remove_worker(worker)

@@ -1,0 +1,76 @@
+"""What the router reads of a request body: its prompt as a prefix key, its size, its session.
+
+Text is cut into chunks of ``TEXT_CHUNK`` characters, so the prefix tree
+holds one item per chunk (an approximation, as in SGLang's router, which
+matches characters); token ids are used as they are. The router never
+tokenizes: a text prompt's token count is estimated at ``CHARS_PER_TOKEN``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Hashable
+from typing import Any
+
+from core.router import RouteRequest
+
+TEXT_CHUNK = 16
+CHARS_PER_TOKEN = 4
+OUTPUT_LIMIT_FIELDS = ("max_completion_tokens", "max_tokens", "max_new_tokens")
+
+
+def route_request(rid: str, body: dict[str, Any]) -> RouteRequest:
+    """The ``RouteRequest`` of a chat, completion or native ``/generate`` body.
+
+    A field of the wrong type is skipped here (the worker answers it with a 400).
+    """
+    text, ids = prompt_of(body)
+    key: tuple[Hashable, ...]
+    if ids is not None:
+        key, input_tokens = tuple(ids), len(ids)
+    else:
+        key = tuple(text[i : i + TEXT_CHUNK] for i in range(0, len(text), TEXT_CHUNK))
+        input_tokens = len(text) // CHARS_PER_TOKEN
+    session = next(
+        (body[k] for k in ("prompt_cache_key", "user") if isinstance(body.get(k), str)), None
+    )
+    return RouteRequest(rid, key, input_tokens, output_limit(body), session)
+
+
+def prompt_of(body: dict[str, Any]) -> tuple[str, list[int] | None]:
+    """The prompt as text, or as token ids when the body gives ids."""
+    messages = body.get("messages")
+    if isinstance(messages, list):
+        return "".join(message_text(m) for m in messages), None
+    for name in ("prompt", "text", "input_ids"):
+        value = body.get(name)
+        if isinstance(value, list) and value and isinstance(value[0], (str, list)):
+            value = value[0]  # a batch: route by its first prompt
+        if isinstance(value, str):
+            return value, None
+        if isinstance(value, list) and all(isinstance(t, int) for t in value):
+            return "", value
+    return "", None
+
+
+def message_text(message: object) -> str:
+    if not isinstance(message, dict):
+        return ""
+    content = message.get("content")
+    if isinstance(content, list):
+        content = "".join(
+            p["text"] for p in content if isinstance(p, dict) and isinstance(p.get("text"), str)
+        )
+    role = message.get("role")
+    return (
+        f"{role if isinstance(role, str) else ''}\n{content if isinstance(content, str) else ''}\n"
+    )
+
+
+def output_limit(body: dict[str, Any]) -> int:
+    params = body.get("sampling_params")
+    for source in (body, params if isinstance(params, dict) else {}):
+        for name in OUTPUT_LIMIT_FIELDS:
+            value = source.get(name)
+            if isinstance(value, int) and not isinstance(value, bool) and value > 0:
+                return value
+    return 0

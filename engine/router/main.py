@@ -1,0 +1,152 @@
+"""``engine router --worker URL [--worker URL ...] --policy P``: route requests over workers."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import socket
+import sys
+from dataclasses import fields
+from types import FrameType
+
+import uvicorn
+
+from core.router import POLICIES, RouterConfig
+from engine.router.app import create_app
+from engine.router.service import HealthCheck, RouterService
+
+log = logging.getLogger("engine.router")
+CONFIG_FLAGS = (
+    "load",
+    "seed",
+    "cache_threshold",
+    "balance_abs_threshold",
+    "balance_rel_threshold",
+    "prefix_ttl_s",
+    "max_prefix_items",
+    "session_ttl_s",
+)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="engine router", description="Route requests over OpenAI-compatible servers."
+    )
+    p.add_argument(
+        "--worker",
+        action="append",
+        required=True,
+        metavar="URL",
+        help="a worker's base URL, e.g. http://127.0.0.1:8001 (repeat for each)",
+    )
+    defaults = {f.name: f.default for f in fields(RouterConfig)}
+    p.add_argument("--policy", default=defaults["policy"], help=f"one of {', '.join(POLICIES)}")
+    for name in CONFIG_FLAGS:
+        default = defaults[name]
+        p.add_argument(
+            f"--{name.replace('_', '-')}",
+            type=type(default),
+            default=default,
+            help=f"RouterConfig.{name} (default {default})",
+        )
+    check = HealthCheck()
+    p.add_argument("--health-interval", type=float, default=check.interval_s, metavar="S")
+    p.add_argument("--health-timeout", type=float, default=check.timeout_s, metavar="S")
+    p.add_argument(
+        "--health-failures",
+        type=int,
+        default=check.failures,
+        metavar="N",
+        help="missed health checks in a row that mark a worker dead",
+    )
+    p.add_argument(
+        "--drain-timeout",
+        type=float,
+        default=20.0,
+        metavar="S",
+        help="on SIGTERM, seconds open requests may take while new ones get 503",
+    )
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--port", type=int, default=8000, help="0 picks a free port")
+    p.add_argument("--log-level", default="info", choices=("debug", "info", "warning", "error"))
+    return p
+
+
+def worker_url(text: str) -> str:
+    url = text.rstrip("/")
+    if not url.startswith(("http://", "https://")) or url[-3:] == "://":
+        raise ValueError(f"a worker must be an http(s) URL, got {text!r}")
+    return url
+
+
+class DrainingServer(uvicorn.Server):
+    """SIGTERM or SIGINT: refuse new requests (503), wait for the open ones up to
+    ``drain_timeout``, then stop. A second signal stops at once."""
+
+    def __init__(self, config: uvicorn.Config, service: RouterService, drain_timeout: float):
+        super().__init__(config)
+        self.service = service
+        self.drain_timeout = drain_timeout
+        self.loop: asyncio.AbstractEventLoop | None = None
+
+    def handle_exit(self, sig: int, frame: FrameType | None) -> None:
+        if self.service.draining or self.loop is None:
+            super().handle_exit(sig, frame)
+            return
+        self.service.draining = True
+        self.loop.call_soon_threadsafe(lambda: self.loop and self.loop.create_task(self.drain()))
+
+    async def drain(self) -> None:
+        open_now = self.service.core.outstanding
+        log.info("draining: %d open requests, up to %.1f s", open_now, self.drain_timeout)
+        deadline = self.service.now() + self.drain_timeout
+        while self.service.core.outstanding and self.service.now() < deadline:
+            await asyncio.sleep(0.05)
+        self.should_exit = True
+
+
+def router_main(argv: list[str]) -> int:
+    """Run the router until SIGTERM/SIGINT; returns the exit status."""
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    logging.basicConfig(
+        level=args.log_level.upper(),
+        format="%(asctime)s router %(levelname)s %(name)s: %(message)s",
+        stream=sys.stderr,
+    )
+    logging.getLogger("httpx").setLevel(logging.WARNING)
+    try:
+        workers = [worker_url(w) for w in args.worker]
+        if len(set(workers)) != len(workers):
+            raise ValueError("a worker is given twice")
+        config = RouterConfig(policy=args.policy, **{k: getattr(args, k) for k in CONFIG_FLAGS})
+        check = HealthCheck(args.health_interval, args.health_timeout, args.health_failures)
+        if check.interval_s <= 0 or check.timeout_s <= 0 or check.failures < 1:
+            raise ValueError("health interval and timeout must be > 0, failures >= 1")
+    except ValueError as exc:
+        parser.exit(2, f"error: {exc}\n")
+    try:
+        listener = socket.create_server((args.host, args.port))
+    except OSError as exc:
+        parser.exit(2, f"error: cannot listen on {args.host}:{args.port}: {exc}\n")
+    host, port = listener.getsockname()[:2]
+    service = RouterService(workers, config, check)
+
+    def ready() -> None:
+        print(f"engine router ({config.policy}) at http://{host}:{port}", flush=True)
+
+    app = create_app(service, on_ready=ready)
+    uv = uvicorn.Config(app, log_level="warning", timeout_graceful_shutdown=2, lifespan="on")
+    server = DrainingServer(uv, service, args.drain_timeout)
+
+    async def run() -> None:
+        server.loop = asyncio.get_running_loop()
+        await server.serve(sockets=[listener])
+
+    asyncio.run(run())
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(router_main(sys.argv[1:]))

@@ -1,0 +1,84 @@
+"""One request's exchange with a worker, run as a task that a health check can cut short.
+
+A pump task sends the request and puts what comes back on a queue: first a
+``Head`` (status and content type) or a ``Failure``, then the body's chunks,
+then ``END`` (or a ``Failure``). ``fail`` cancels the pump and queues a
+``Failure``, so whoever reads the queue (the client's response) always ends,
+even when the worker hangs.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from dataclasses import dataclass
+
+import httpx
+
+FORWARDED_HEADERS = ("authorization", "content-type", "accept")
+
+
+@dataclass(frozen=True, slots=True)
+class Head:
+    status: int
+    content_type: str
+
+
+@dataclass(frozen=True, slots=True)
+class Failure:
+    """The worker could not be reached (``connect``: nothing was sent) or broke off."""
+
+    message: str
+    connect: bool = False
+
+
+END = b""
+Item = Head | Failure | bytes
+
+
+class Exchange:
+    def __init__(self, client: httpx.AsyncClient, worker: str) -> None:
+        self.worker = worker
+        self.queue: asyncio.Queue[Item] = asyncio.Queue()
+        self._client = client
+        self._task: asyncio.Task[None] | None = None
+
+    def start(self, path: str, body: bytes, headers: dict[str, str]) -> None:
+        sent = {k: v for k, v in headers.items() if k.lower() in FORWARDED_HEADERS}
+        self._task = asyncio.create_task(self._pump(path, body, sent))
+
+    async def _pump(self, path: str, body: bytes, headers: dict[str, str]) -> None:
+        put = self.queue.put_nowait
+        try:
+            request = self._client.build_request(
+                "POST", self.worker + path, content=body, headers=headers
+            )
+            response = await self._client.send(request, stream=True)
+            try:
+                put(Head(response.status_code, response.headers.get("content-type", "")))
+                async for chunk in response.aiter_raw():
+                    if chunk:
+                        put(chunk)
+            finally:
+                await response.aclose()
+            put(END)
+        except httpx.ConnectError as exc:
+            put(Failure(f"cannot connect to worker {self.worker}: {exc}", connect=True))
+        except httpx.HTTPError as exc:
+            put(Failure(f"worker {self.worker} broke off: {type(exc).__name__}: {exc}"))
+
+    async def next(self) -> Item:
+        return await self.queue.get()
+
+    def fail(self, message: str) -> None:
+        """End this exchange now (its worker is down); the reader gets ``Failure(message)``."""
+        if self._task is not None and not self._task.done():
+            self._task.cancel()
+        self.queue.put_nowait(Failure(message))
+
+    async def close(self) -> None:
+        """Stop the pump (the client went away): closing the connection aborts the request."""
+        if self._task is not None and not self._task.done():
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
