@@ -213,7 +213,6 @@ def test_session_sticky_pins_and_repins() -> None:
 @pytest.mark.parametrize(
     ("field", "value", "message"),
     [
-        ("policy", "nope", "unknown router policy 'nope'"),
         ("load", "bytes", "load must be one of"),
         ("cache_threshold", 1.5, "cache_threshold must be in"),
         ("balance_rel_threshold", 0.5, "balance_rel_threshold must be >= 1"),
@@ -224,6 +223,11 @@ def test_session_sticky_pins_and_repins() -> None:
 def test_config_errors_say_what_is_wrong(field: str, value: object, message: str) -> None:
     with pytest.raises(ValueError, match=message):
         RouterConfig(**{field: value})  # type: ignore[arg-type]
+
+
+def test_an_unknown_policy_is_an_error() -> None:
+    with pytest.raises(ValueError, match="unknown router policy 'nope'; known: cache_aware"):
+        Router(RouterConfig(policy="nope"), ["a"])
 
 
 def test_duplicate_rid_and_unknown_worker_are_errors() -> None:

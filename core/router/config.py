@@ -40,11 +40,6 @@ class RouterConfig:
     session_ttl_s: float = 600.0
 
     def __post_init__(self) -> None:
-        from core.router.policy import POLICIES
-
-        if self.policy not in POLICIES:
-            known = ", ".join(sorted(POLICIES))
-            raise ValueError(f"unknown router policy {self.policy!r}; known: {known}")
         if self.load not in LOADS:
             raise ValueError(f"load must be one of {', '.join(LOADS)}, got {self.load!r}")
         if not 0.0 <= self.cache_threshold <= 1.0:

@@ -99,5 +99,10 @@ for _cls in (RoundRobin, LeastOutstanding, PowerOfTwo):
 
 
 def make_policy(config: RouterConfig) -> Policy:
-    """The policy ``config.policy`` names (the config has checked that it exists)."""
-    return POLICIES[config.policy](config)
+    """The policy ``config.policy`` names; ``ValueError`` for a name not in the registry."""
+    try:
+        factory = POLICIES[config.policy]
+    except KeyError:
+        known = ", ".join(sorted(POLICIES))
+        raise ValueError(f"unknown router policy {config.policy!r}; known: {known}") from None
+    return factory(config)

@@ -41,7 +41,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="a worker's base URL, e.g. http://127.0.0.1:8001 (repeat for each)",
     )
     defaults = {f.name: f.default for f in fields(RouterConfig)}
-    p.add_argument("--policy", default=defaults["policy"], help=f"one of {', '.join(POLICIES)}")
+    p.add_argument("--policy", default=defaults["policy"], choices=sorted(POLICIES))
     for name in CONFIG_FLAGS:
         default = defaults[name]
         p.add_argument(

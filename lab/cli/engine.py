@@ -1,4 +1,4 @@
-"""The ``engine`` console script: ``engine serve``, ``setup``, ``profile`` and ``bench``."""
+"""The ``engine`` console script: ``serve``, ``setup``, ``profile``, ``bench`` and ``router``."""
 
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ COMMANDS = {
     "setup": ("engine.models.setup", "setup_main", "convert a known model into the cache"),
     "profile": ("lab.profile.main", "profile_main", "time the serving runner for the simulator"),
     "bench": ("lab.bench.main", "bench_main", "replay a trace against a server"),
+    "router": ("engine.router.main", "router_main", "route requests over OpenAI servers"),
 }
 
 
