@@ -42,7 +42,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from measure_h200_ceilings import copy_bandwidth, matmul_flops
 
-from engine.models.config import ModelConfig, get_preset
+from schema.models import ModelConfig, get_preset
 
 NUM, LOW, HIGH = 256, 100, 1024
 

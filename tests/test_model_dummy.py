@@ -9,10 +9,10 @@ import pytest
 import torch
 
 from core.scheduler import DecodeSlot, Plan, PrefillChunk
-from engine.models.config import PRESETS, ModelConfig, get_preset
 from engine.models.llama import LlamaForCausalLM
 from engine.runner import ModelRunner, RunnerArgs, StepInputs
 from engine.sampling import SamplingParams
+from schema.models import PRESETS, ModelConfig, get_preset
 
 torch.set_num_threads(1)
 GREEDY = SamplingParams(temperature=0.0)

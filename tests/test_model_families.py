@@ -16,9 +16,9 @@ import torch
 from transformers import AutoModelForCausalLM, LlamaConfig, Qwen2Config, Qwen3Config
 
 from core.scheduler import DecodeSlot, Plan, PrefillChunk
-from engine.models.config import ModelConfig
 from engine.runner import ModelRunner, RunnerArgs, StepInputs
 from engine.sampling import SamplingParams
+from schema.models import ModelConfig
 
 torch.set_num_threads(2)
 

@@ -1,7 +1,7 @@
 """What ``--model``, ``--tokenizer`` and ``--dummy-weights`` resolve to, or a clear error.
 
 A model is an HF folder (a known model is converted on first use) or, with
-dummy weights only, an architecture preset (``engine.models.config.PRESETS``).
+dummy weights only, an architecture preset (``schema.models.PRESETS``).
 A preset has no tokenizer, so it borrows one: ``--tokenizer``, by default
 ``smollm2-135m``; a folder uses its own unless ``--tokenizer`` overrides it.
 The tokenizer's folder supplies the chat template and the EOS ids. A borrowed
@@ -16,8 +16,8 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
-from engine.models.config import PRESETS, read_eos_token_ids
 from engine.models.setup import ModelNotFoundError, ensure_model, resolve_model
+from schema.models import PRESETS, read_eos_token_ids
 
 DEFAULT_TOKENIZER = "smollm2-135m"
 

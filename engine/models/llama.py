@@ -23,7 +23,6 @@ from torch import nn
 
 from engine.attention.backend import AttentionBackend
 from engine.distributed.parallel import TPInfo, head_partition, split_range
-from engine.models.config import ModelConfig
 from engine.models.layers import (
     CheckpointTensor,
     ColumnParallelLinear,
@@ -33,6 +32,7 @@ from engine.models.layers import (
 )
 from engine.models.ops import TorchOps
 from engine.models.rotary import cos_sin_cache
+from schema.models import ModelConfig
 
 MAX_ROTARY_POSITIONS = 131072
 

@@ -6,7 +6,7 @@ import math
 
 import torch
 
-from engine.models.config import RopeScaling
+from schema.models import RopeScaling
 
 
 def inverse_frequencies(head_dim: int, theta: float, scaling: RopeScaling) -> torch.Tensor:

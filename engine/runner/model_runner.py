@@ -38,7 +38,6 @@ from core.scheduler.plan import Plan
 from engine.attention import AttentionMetadata, get_backend, resolve_name
 from engine.distributed.parallel import TPInfo, head_partition
 from engine.kvcache.pool import KVPool
-from engine.models.config import PRESETS, ModelConfig, get_preset
 from engine.models.llama import LlamaForCausalLM
 from engine.models.loader import init_dummy, load_safetensors
 from engine.models.ops import get_ops
@@ -53,6 +52,7 @@ from engine.runner.step import StepHandle, StepLogprobs
 from engine.runner.table import RequestTable
 from engine.sampling.logprobs import PendingLogprobs, pending_logprobs
 from engine.sampling.sampler import Sampler, SamplingArrays
+from schema.models import PRESETS, ModelConfig, get_preset
 
 log = logging.getLogger(__name__)
 

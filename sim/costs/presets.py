@@ -1,12 +1,16 @@
 """Model shapes and hardware ceilings that the cost models and KV sizing read.
 
-Model shapes are copied from each model's published ``config.json``. Hardware
-numbers are measurements (see ``provenance``), never guesses.
+Model shapes are the architecture presets both worlds share
+(``schema.models.PRESETS``, each from its model's published ``config.json``),
+seen as the counts a cost model needs. Hardware numbers are measurements (see
+``provenance``), never guesses.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+
+from schema.models import PRESETS, ModelConfig
 
 DTYPE_BYTES: dict[str, float] = {"fp32": 4.0, "bf16": 2.0, "fp16": 2.0, "fp8": 1.0, "int4": 0.5}
 
@@ -55,18 +59,22 @@ class ModelShape:
         """K and V of one token over all layers."""
         return 2 * self.layers * self.kv_heads * self.head_dim * DTYPE_BYTES[kv_dtype]
 
+    @staticmethod
+    def of(name: str, c: ModelConfig) -> ModelShape:
+        return ModelShape(
+            name,
+            hidden=c.hidden_size,
+            layers=c.num_layers,
+            heads=c.num_heads,
+            kv_heads=c.num_kv_heads,
+            head_dim=c.head_dim,
+            intermediate=c.intermediate_size,
+            vocab=c.vocab_size,
+            tied_embeddings=c.tie_word_embeddings,
+        )
 
-MODELS: dict[str, ModelShape] = {
-    m.name: m
-    for m in (
-        # meta-llama/Llama-3.1-8B-Instruct config.json
-        ModelShape("llama-3.1-8b", 4096, 32, 32, 8, 128, 14336, 128256, False),
-        # Qwen/Qwen3-0.6B config.json
-        ModelShape("qwen3-0.6b", 1024, 28, 16, 8, 128, 3072, 151936, True),
-        # HuggingFaceTB/SmolLM2-135M-Instruct config.json
-        ModelShape("smollm2-135m", 576, 30, 9, 3, 64, 1536, 49152, True),
-    )
-}
+
+MODELS: dict[str, ModelShape] = {name: ModelShape.of(name, c) for name, c in PRESETS.items()}
 
 
 @dataclass(frozen=True, slots=True)

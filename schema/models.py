@@ -10,6 +10,8 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from schema.sharding import head_partition
+
 SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3")
 
 
@@ -85,8 +87,6 @@ class ModelConfig:
 
     def kv_bytes_per_token(self, dtype_bytes: int, tp_size: int = 1) -> int:
         """KV-cache bytes one token takes on one rank (K and V, all layers)."""
-        from engine.distributed.parallel import head_partition
-
         kv_local = max(
             head_partition(self.num_heads, self.num_kv_heads, tp_size, r).kv_count
             for r in range(tp_size)
@@ -233,6 +233,14 @@ PRESETS: dict[str, ModelConfig] = {
         bos_token_id=128000,
     ),
     "qwen3-0.6b": _preset("qwen3", (1024, 28, 16, 8, 128, 3072, 151936, 40960)),
+    "smollm2-135m": _preset(
+        "llama",
+        (576, 30, 9, 3, 64, 1536, 49152, 8192),
+        rope_theta=100000.0,
+        tie_word_embeddings=True,
+        eos_token_ids=(2,),
+        bos_token_id=1,
+    ),
     "qwen2-0.5b": _preset("qwen2", (896, 24, 14, 2, 64, 4864, 151936, 32768)),
     # the toy Llama scales rotary frequencies from 64 positions, so short tests exercise it
     "tiny-llama": _preset(
