@@ -8,6 +8,8 @@ gets at most one INFO line for it, never a traceback.
 from __future__ import annotations
 
 import json
+import socket
+import time
 from collections.abc import Iterator
 
 import httpx
@@ -19,11 +21,12 @@ pytestmark = pytest.mark.slow
 CHAT = "/v1/chat/completions"
 COMPLETIONS = "/v1/completions"
 GENERATE = "/generate"
+LIMIT = 65536
 
 
 @pytest.fixture(scope="module")
 def edge_server(model_ready: str) -> Iterator[Server]:
-    args = ("--max-model-len", "48", "--num-pages", "64")
+    args = ("--max-request-bytes", str(LIMIT), "--max-model-len", "48", "--num-pages", "64")
     with running_server(*args, cpu_threads=2) as s:
         yield s
 
@@ -31,6 +34,22 @@ def edge_server(model_ready: str) -> Iterator[Server]:
 def post_raw(server: Server, path: str, body: bytes) -> httpx.Response:
     headers = {"content-type": "application/json"}
     return httpx.post(f"{server.url}{path}", content=body, headers=headers, timeout=60)
+
+
+def address(server: Server) -> tuple[str, int]:
+    host, port = server.url.removeprefix("http://").rsplit(":", 1)
+    return host, int(port)
+
+
+def read_status(sock: socket.socket) -> int:
+    """The status code of the HTTP response arriving on ``sock``."""
+    sock.settimeout(10)
+    head = b""
+    while b"\r\n" not in head:
+        chunk = sock.recv(4096)
+        assert chunk, f"the server closed the connection without answering: {head!r}"
+        head += chunk
+    return int(head.split(b" ", 2)[1])
 
 
 LONE = "a\ud800b"  # json.dumps spells it "a\\ud800b": valid JSON, not valid Unicode
@@ -89,3 +108,65 @@ def test_a_number_too_long_to_read_is_a_400(edge_server: Server) -> None:
     resp = post_raw(edge_server, COMPLETIONS, body)
     assert resp.status_code == 400, resp.text
     assert "digits" in resp.json()["error"]["message"]
+
+
+def test_a_body_over_the_limit_is_a_413(edge_server: Server) -> None:
+    resp = post_raw(edge_server, COMPLETIONS, b'{"prompt": "%s"}' % (b"a" * LIMIT))
+    assert resp.status_code == 413, resp.text
+    assert resp.json()["error"]["code"] == "request_too_large"
+    padded = b'{"prompt": "hi", "max_tokens": 2}'.ljust(LIMIT)
+    assert post_raw(edge_server, COMPLETIONS, padded).status_code == 200
+
+
+def test_a_413_comes_before_the_body_is_sent(edge_server: Server) -> None:
+    head = (
+        "POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+        f"Content-Length: {1 << 30}\r\n\r\n"
+    )
+    with socket.create_connection(address(edge_server)) as sock:
+        sock.sendall(head.encode())
+        assert read_status(sock) == 413
+
+
+def test_a_chunked_body_is_refused_once_it_passes_the_limit(edge_server: Server) -> None:
+    head = (
+        "POST /generate HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+        "Transfer-Encoding: chunked\r\n\r\n"
+    )
+    chunk = b"%x\r\n%s\r\n" % (4096, b" " * 4096)
+    with socket.create_connection(address(edge_server)) as sock:
+        sock.sendall(head.encode() + chunk * (LIMIT // 4096 + 1))  # never the last chunk
+        assert read_status(sock) == 413
+
+
+def wait_for_lines(server: Server, text: str, count: int, timeout: float = 10) -> list[str]:
+    """The server's log lines holding ``text``, once there are ``count`` (or at the timeout)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        lines = [line for line in server.log().splitlines() if text in line]
+        if len(lines) >= count or time.monotonic() > deadline:
+            return lines
+        time.sleep(0.1)
+
+
+def test_clients_that_leave_mid_body_leave_one_info_line_each(edge_server: Server) -> None:
+    gone = "before its request body was complete"
+    before = edge_server.log().count(gone)
+    clients = 20
+    head = (
+        "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+        "Content-Length: 200\r\n\r\n"
+    )
+    half = b'{"messages": [{"role": "user", "content": "hal'
+    for _ in range(clients):
+        with socket.create_connection(address(edge_server)) as sock:
+            sock.sendall(head.encode() + half)
+    lines = wait_for_lines(edge_server, gone, before + clients)
+    assert len(lines) == before + clients
+    received = f"({len(half)} of 200 bytes)"
+    assert all(" INFO " in line and received in line for line in lines[before:])
+    time.sleep(0.5)  # anything uvicorn would add after the app returned
+    log = edge_server.log()
+    assert log.count(gone) == before + clients
+    assert "Traceback" not in log and "ClientDisconnect" not in log
+    assert httpx.get(f"{edge_server.url}/health", timeout=10).status_code == 200

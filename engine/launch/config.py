@@ -10,6 +10,7 @@ from typing import Any, TypeVar
 import msgspec
 
 C = TypeVar("C")
+MAX_REQUEST_BYTES = 8 * 2**20  # an escaped 128k-token prompt fits with room to spare
 
 
 def config_from(kind: Callable[..., C], source: object, **given: Any) -> C:
@@ -43,7 +44,7 @@ class ServeConfig(msgspec.Struct, kw_only=True):
     tokens. ``max_queued`` bounds the requests waiting for their first token
     (None: unbounded), ``request_timeout`` the seconds a request may take
     (None: no limit), ``drain_timeout`` the seconds SIGTERM lets open requests
-    finish (0: stop at once).
+    finish (0: stop at once). A request body over ``max_request_bytes`` is a 413.
     """
 
     model: str
@@ -67,6 +68,7 @@ class ServeConfig(msgspec.Struct, kw_only=True):
     max_queued: int | None = None
     request_timeout: float | None = None
     drain_timeout: float = 20.0
+    max_request_bytes: int = MAX_REQUEST_BYTES
     max_running: int = 256
     max_prefill_tokens: int = 8192
     num_pages: int | None = None

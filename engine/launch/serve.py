@@ -17,7 +17,7 @@ from types import FrameType
 import uvicorn
 import zmq
 
-from engine.launch.config import ServeConfig, config_from
+from engine.launch.config import MAX_REQUEST_BYTES, ServeConfig, config_from
 from engine.launch.launcher import ChildDied, Launcher
 from engine.launch.model_source import ModelSource, resolve_source
 from engine.launch.rundir import make_run_dir, remove_run_dir
@@ -111,6 +111,13 @@ def build_parser() -> argparse.ArgumentParser:
         type=positive_float,
         default=None,
         help="seconds a request may take before it is aborted with 504 (default: none)",
+    )
+    p.add_argument(
+        "--max-request-bytes",
+        type=positive_int,
+        default=MAX_REQUEST_BYTES,
+        help="largest request body; a larger one is refused with 413 before it is parsed "
+        f"(default: {MAX_REQUEST_BYTES // 2**20} MiB)",
     )
     p.add_argument(
         "--drain-timeout",

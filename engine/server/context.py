@@ -14,7 +14,8 @@ from starlette.requests import Request
 
 from engine import messages
 from engine.launch.config import ServeConfig
-from engine.server.errors import APIError
+from engine.server.body import read_body
+from engine.server.errors import APIError, ClientGone
 from engine.server.frontend import Frontend, RequestError, RequestResult, RequestStream
 from engine.server.metrics import ServerMetrics
 from engine.server.protocol import B, parse_body
@@ -23,10 +24,6 @@ from engine.server.sse import SSEResponse
 T = TypeVar("T")
 DISCONNECT_POLL_S = 0.5
 UNHEALTHY_RETRY_AFTER_S = 5
-
-
-class ClientGone(Exception):
-    """The client closed the connection before the answer was ready."""
 
 
 @dataclass
@@ -85,7 +82,7 @@ async def admit(request: Request, body_type: type[B]) -> tuple[ServerContext, B]
     ctx: ServerContext = request.app.state.ctx
     ctx.authorize(request)
     ctx.check_healthy()
-    body = parse_body(await request.body(), body_type)
+    body = parse_body(await read_body(request, ctx.cfg.max_request_bytes), body_type)
     ctx.frontend.admit()
     return ctx, body
 
