@@ -8,6 +8,7 @@ gets at most one INFO line for it, never a traceback.
 from __future__ import annotations
 
 import json
+import re
 import socket
 import time
 from collections.abc import Iterator
@@ -22,12 +23,15 @@ CHAT = "/v1/chat/completions"
 COMPLETIONS = "/v1/completions"
 GENERATE = "/generate"
 LIMIT = 65536
+LOG_LINE = re.compile(
+    r"^\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3} \w+ (DEBUG|INFO|WARNING|ERROR|CRITICAL) [\w.]+: "
+)
 
 
 @pytest.fixture(scope="module")
 def edge_server(model_ready: str) -> Iterator[Server]:
     args = ("--max-request-bytes", str(LIMIT), "--max-model-len", "48", "--num-pages", "64")
-    with running_server(*args, cpu_threads=2) as s:
+    with running_server(*args, "--log-level", "debug", cpu_threads=2) as s:
         yield s
 
 
@@ -170,3 +174,12 @@ def test_clients_that_leave_mid_body_leave_one_info_line_each(edge_server: Serve
     assert log.count(gone) == before + clients
     assert "Traceback" not in log and "ClientDisconnect" not in log
     assert httpx.get(f"{edge_server.url}/health", timeout=10).status_code == 200
+
+
+def test_every_log_line_has_the_engine_format(edge_server: Server) -> None:
+    assert httpx.get(f"{edge_server.url}/health", timeout=10).status_code == 200
+    log = edge_server.log()
+    odd = [line for line in log.splitlines() if not LOG_LINE.match(line)]
+    assert not odd, odd[:10]
+    assert re.search(r" frontend INFO uvicorn.error: Application startup complete", log)
+    assert re.search(r' frontend INFO uvicorn.access: .*"GET /health HTTP/1.1" 200', log)

@@ -293,12 +293,14 @@ class EngineServer(uvicorn.Server):
 def run_frontend(cfg: ServeConfig, launcher: Launcher, listener: socket.socket) -> int:
     """Serve HTTP in this process until told to stop; 1 if a child died."""
     from engine.server.app import create_app
+    from engine.server.logs import uvicorn_log_config
 
     app = create_app(cfg, health=lambda: launcher.dead)
     ctx = app.state.ctx
     config = uvicorn.Config(
         app,
         log_level=cfg.log_level,
+        log_config=uvicorn_log_config(),
         timeout_graceful_shutdown=3,
         access_log=cfg.log_level == "debug",
     )
