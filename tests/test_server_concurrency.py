@@ -111,6 +111,7 @@ def test_disconnect_mid_stream_aborts_and_frees_pages(server: Server) -> None:
         f"{server.url}/v1/completions", json={"prompt": "Hi", "max_tokens": 2}, timeout=60
     )
     assert ok.status_code == 200
+    assert "Traceback" not in server.log()
 
 
 def test_disconnect_while_waiting_for_a_non_streamed_answer_aborts(server: Server) -> None:
@@ -128,3 +129,4 @@ def test_disconnect_while_waiting_for_a_non_streamed_answer_aborts(server: Serve
         ),
         timeout=20,
     )
+    assert "Traceback" not in server.log()

@@ -71,6 +71,7 @@ def test_bad_input_is_a_clear_4xx(
             timeout=60,
         )
         assert ok.status_code == 200
+    assert "Traceback" not in server.log()
 
 
 def test_streaming_request_with_bad_prompt_fails_before_streaming(server: Server) -> None:
@@ -78,12 +79,14 @@ def test_streaming_request_with_bad_prompt_fails_before_streaming(server: Server
     resp = httpx.post(f"{server.url}{COMPLETIONS}", json=body, timeout=60)
     assert resp.status_code == 400
     assert "context" in resp.json()["error"]["message"]
+    assert "Traceback" not in server.log()
 
 
 def test_unknown_route_is_404(server: Server) -> None:
     resp = httpx.get(f"{server.url}/v1/nothing", timeout=10)
     assert resp.status_code == 404
     assert "error" in resp.json()
+    assert "Traceback" not in server.log()
 
 
 def test_generate_returns_stage_timestamps(server: Server) -> None:

@@ -54,6 +54,7 @@ def test_a_full_queue_refuses_with_retry_after_and_admitted_requests_finish(
     m = wait_idle(busy_server.url)
     assert m['engine_requests_rejected_total{reason="queue_full"}'] >= len(refused)
     assert m["engine_kv_pages_held"] == 0
+    assert "Traceback" not in busy_server.log()
 
 
 def test_a_request_past_its_timeout_is_aborted_with_504(busy_server: Server) -> None:
@@ -79,3 +80,4 @@ def test_a_request_past_its_timeout_is_aborted_with_504(busy_server: Server) -> 
     after = wait_idle(busy_server.url)
     assert after["engine_requests_timed_out_total"] - before["engine_requests_timed_out_total"] == 2
     assert after["engine_kv_pages_held"] == 0 and after["engine_num_requests_running"] == 0
+    assert "Traceback" not in busy_server.log()

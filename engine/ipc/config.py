@@ -8,6 +8,8 @@ import msgspec
 
 from core.scheduler import SchedulerConfig
 
+MAX_REQUEST_BYTES = 8 * 2**20  # an escaped 128k-token prompt fits with room to spare
+
 
 class SocketAddr:
     """``cfg.NAME_addr``: the address of the socket ``NAME`` of a ``ServeConfig``."""
@@ -30,7 +32,7 @@ class ServeConfig(msgspec.Struct, kw_only=True):
     tokens. ``max_queued`` bounds the requests waiting for their first token
     (None: unbounded), ``request_timeout`` the seconds a request may take
     (None: no limit), ``drain_timeout`` the seconds SIGTERM lets open requests
-    finish (0: stop at once).
+    finish (0: stop at once). A request body over ``max_request_bytes`` is a 413.
     """
 
     model: str
@@ -53,6 +55,7 @@ class ServeConfig(msgspec.Struct, kw_only=True):
     max_queued: int | None = None
     request_timeout: float | None = None
     drain_timeout: float = 20.0
+    max_request_bytes: int = MAX_REQUEST_BYTES
     scheduler: SchedulerConfig = msgspec.field(default_factory=SchedulerConfig)
     attention_backend: str = "auto"
     cuda_graph: bool = True

@@ -20,7 +20,7 @@ import zmq
 
 from core.scheduler import SchedulerConfig
 from core.scheduler.options import add_scheduler_flags, scheduler_config
-from engine.ipc.config import ServeConfig
+from engine.ipc.config import MAX_REQUEST_BYTES, ServeConfig
 from engine.launch.launcher import ChildDied, Launcher
 from engine.launch.model_source import ModelSource, resolve_source
 from engine.launch.rundir import make_run_dir, remove_run_dir
@@ -105,6 +105,13 @@ def build_parser() -> argparse.ArgumentParser:
         help="seconds a request may take before it is aborted with 504 (default: none)",
     )
     p.add_argument(
+        "--max-request-bytes",
+        type=positive_int,
+        default=MAX_REQUEST_BYTES,
+        help="largest request body; a larger one is refused with 413 before it is parsed "
+        f"(default: {MAX_REQUEST_BYTES // 2**20} MiB)",
+    )
+    p.add_argument(
         "--drain-timeout",
         type=non_negative_float,
         default=20.0,
@@ -161,6 +168,7 @@ def make_config(
         max_queued=args.max_queued,
         request_timeout=args.request_timeout,
         drain_timeout=args.drain_timeout,
+        max_request_bytes=args.max_request_bytes,
         attention_backend=args.attention_backend,
         cuda_graph=not args.no_cuda_graph,
         overlap=args.overlap,
@@ -294,12 +302,14 @@ class EngineServer(uvicorn.Server):
 def run_frontend(cfg: ServeConfig, launcher: Launcher, listener: socket.socket) -> int:
     """Serve HTTP in this process until told to stop; 1 if a child died."""
     from engine.server.app import create_app
+    from engine.server.logs import uvicorn_log_config
 
     app = create_app(cfg, health=lambda: launcher.dead)
     ctx = app.state.ctx
     config = uvicorn.Config(
         app,
         log_level=cfg.log_level,
+        log_config=uvicorn_log_config(),
         timeout_graceful_shutdown=3,
         access_log=cfg.log_level == "debug",
     )

@@ -14,8 +14,8 @@ from starlette.requests import Request
 
 from engine.ipc.config import ServeConfig
 from engine.server import native, openai_api
-from engine.server.context import ClientGone, ServerContext
-from engine.server.errors import APIError, error_body, error_response
+from engine.server.context import ServerContext
+from engine.server.errors import APIError, ClientGone, error_body, error_response
 from engine.server.frontend import Frontend
 from engine.server.metrics import ServerMetrics
 from engine.server.protocol import REQUEST_BODIES

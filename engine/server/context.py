@@ -14,8 +14,9 @@ from starlette.requests import Request
 
 from engine.ipc import messages
 from engine.ipc.config import ServeConfig
-from engine.server.errors import APIError
-from engine.server.frontend import Frontend, RequestError, RequestResult, RequestStream
+from engine.server.body import read_body
+from engine.server.errors import APIError, ClientGone
+from engine.server.frontend import Frontend, RequestResult, RequestStream
 from engine.server.metrics import ServerMetrics
 from engine.server.protocol import B, parse_body
 from engine.server.sse import SSEResponse
@@ -23,10 +24,6 @@ from engine.server.sse import SSEResponse
 T = TypeVar("T")
 DISCONNECT_POLL_S = 0.5
 UNHEALTHY_RETRY_AFTER_S = 5
-
-
-class ClientGone(Exception):
-    """The client closed the connection before the answer was ready."""
 
 
 @dataclass
@@ -85,7 +82,7 @@ async def admit(request: Request, body_type: type[B]) -> tuple[ServerContext, B]
     ctx: ServerContext = request.app.state.ctx
     ctx.authorize(request)
     ctx.check_healthy()
-    body = parse_body(await request.body(), body_type)
+    body = parse_body(await read_body(request, ctx.cfg.max_request_bytes), body_type)
     ctx.frontend.admit()
     return ctx, body
 
@@ -110,19 +107,14 @@ async def respond(
 async def await_or_abort(request: Request, stream: RequestStream, work: Awaitable[T]) -> T:
     """Await ``work`` unless the client disconnects first (then abort and raise ``ClientGone``).
 
-    A ``RequestError`` from the pipeline becomes an ``APIError`` with its status.
+    An ``APIError`` of the pipeline (rejected, failed, timed out) propagates as it is.
     """
     task = asyncio.ensure_future(work)
     try:
         while True:
             done, _ = await asyncio.wait({task}, timeout=DISCONNECT_POLL_S)
             if done:
-                try:
-                    return task.result()
-                except RequestError as exc:
-                    raise APIError(
-                        exc.message, status=exc.status, param=exc.param, code=exc.code
-                    ) from None
+                return task.result()
             if await request.is_disconnected():
                 raise ClientGone(stream.rid)
     except BaseException:

@@ -38,6 +38,10 @@ class APIError(Exception):
         self.retry_after = retry_after
 
 
+class ClientGone(Exception):
+    """The client closed the connection before the answer was ready (answered with 499)."""
+
+
 def error_body(
     message: str, status: int, param: str | None = None, code: str | None = None
 ) -> dict[str, object]:

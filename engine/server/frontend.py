@@ -36,19 +36,6 @@ RETRY_AFTER_MAX_S = 60
 FINISH_WINDOW = 64  # recent finishes that estimate the completion rate for Retry-After
 
 
-class RequestError(Exception):
-    """A request the pipeline rejected or could not finish; ``status`` is the HTTP status."""
-
-    def __init__(
-        self, message: str, status: int = 400, param: str | None = None, code: str | None = None
-    ) -> None:
-        super().__init__(message)
-        self.message = message
-        self.status = status
-        self.param = param
-        self.code = code
-
-
 class RequestResult(messages.RequestOutput, kw_only=True):
     """Everything a finished (or failed) request produced, with its stage timestamps."""
 
@@ -111,7 +98,7 @@ class RequestStream:
         self.deadline = None if timeout is None else time.monotonic() + timeout
 
     async def next(self) -> messages.TextItem:
-        """The next item; raises ``RequestError`` if the request failed or timed out."""
+        """The next item; raises ``APIError`` if the request failed or timed out."""
         if self.deadline is None:
             item = await self.queue.get()
         else:
@@ -122,7 +109,7 @@ class RequestStream:
             except TimeoutError:
                 self.close("request timeout")
                 self.frontend.metrics.on_timeout()
-                raise RequestError(
+                raise APIError(
                     f"the request did not finish within {self.timeout:g} s (--request-timeout)",
                     504,
                     code="timeout",
@@ -130,7 +117,7 @@ class RequestStream:
         if item.error is not None:
             self.done = True
             self.frontend.forget(self.rid)
-            raise RequestError(item.error, item.error_status)
+            raise APIError(item.error, item.error_status)
         self.result.add(item)
         if item.finish_reason is not None:
             self.done = True

@@ -13,7 +13,7 @@ from starlette.requests import Request
 from engine.ipc import messages
 from engine.server.context import ServerContext, admit, respond
 from engine.server.errors import APIError, error_body
-from engine.server.frontend import RequestError, RequestResult, RequestStream
+from engine.server.frontend import RequestResult, RequestStream
 from engine.server.protocol import GenerateBody
 from engine.server.schema import request_body
 from engine.server.sse import DONE, sse_event
@@ -34,7 +34,7 @@ async def generate_events(stream: RequestStream, first: messages.TextItem) -> As
             yield sse_event(payload)
             try:
                 item = await stream.next()
-            except RequestError as exc:
+            except APIError as exc:
                 yield sse_event(error_body(exc.message, exc.status, code=exc.code))
                 break
         yield DONE

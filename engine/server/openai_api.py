@@ -15,8 +15,8 @@ from starlette.requests import Request
 from engine.ipc import messages
 from engine.sampling.logprobs import TokenLogprob
 from engine.server.context import ServerContext, admit, respond
-from engine.server.errors import error_body
-from engine.server.frontend import RequestError, RequestResult, RequestStream
+from engine.server.errors import APIError, error_body
+from engine.server.frontend import RequestResult, RequestStream
 from engine.server.logprob_format import chat_logprobs, completion_logprobs
 from engine.server.protocol import ChatCompletionRequest, CompletionRequest, SamplingFields
 from engine.server.schema import request_body
@@ -172,7 +172,7 @@ async def stream_events(
                 break
             try:
                 item = await stream.next()
-            except RequestError as exc:
+            except APIError as exc:
                 yield sse_event(error_body(exc.message, exc.status, code=exc.code))
                 break
         if include_usage:

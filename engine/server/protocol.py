@@ -11,12 +11,14 @@ value of theirs but the neutral one, naming the field.
 from __future__ import annotations
 
 import json
+import sys
 from typing import Annotated, Any, Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from engine.sampling.params import MAX_LOGPROBS
 from engine.server.errors import APIError
+from engine.server.unicode import not_unicode
 
 INT64_MAX = 2**63 - 1
 TOKEN_ID_MAX = 2**31 - 1
@@ -153,15 +155,24 @@ REQUEST_BODIES: tuple[type[Body], ...] = (ChatCompletionRequest, CompletionReque
 
 
 def parse_body(raw: bytes, model: type[B]) -> B:
-    """Parse and validate a JSON body; ``APIError`` 400 with the first problem otherwise."""
+    """Parse and validate a JSON body; ``APIError`` 400 with the first problem otherwise.
+
+    Text that is not Unicode (a lone surrogate) is refused by name, never repaired.
+    """
     try:
         data = json.loads(raw)
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
         raise APIError(f"the body is not valid JSON: {exc}") from None
+    except ValueError:  # json reads integers through int(), which bounds their digits
+        digits = sys.get_int_max_str_digits()
+        raise APIError(f"the body holds a number of more than {digits} digits") from None
     except RecursionError:
         raise APIError("the body is nested too deeply") from None
     if not isinstance(data, dict):
         raise APIError("the body must be a JSON object")
+    error = not_unicode(data)
+    if error is not None:
+        raise error
     try:
         return model.model_validate(data)
     except ValidationError as exc:
