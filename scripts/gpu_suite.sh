@@ -9,6 +9,12 @@
 #   tests     tests/test_gpu_engine.py (the TP=2 test needs two GPUs)
 #   runner    decode step time and prefill MFU, Llama-3.1-8B shape
 #   runner_tp2  decode step time at TP=2 over NCCL (two GPUs)
+#   ab        decode steps (device time from CUDA events, host launch time) and profiles,
+#             FlashInfer's kernels against the fused QK-norm + rotary + KV-write kernel,
+#             Llama-3.1-8B and Qwen3-0.6B shapes, 1k contexts
+#   interactive  one stream at a time over HTTP (1k and 8k prompts): TTFT and TPOT against
+#             one prefill and one batch-1 decode step, and the runner's batch-1 step, both
+#             kernel variants, Llama-3.1-8B and Qwen3-0.6B shapes
 #   overlap   idle GPU time between decode steps, overlap on and off
 #   serve     the offline workload over HTTP: Llama-3.1-8B (overlap on and off), Qwen3-0.6B
 #   profile   `engine profile` of the Llama-3.1-8B shape -> OUT_DIR/h200_llama-3.1-8b.csv
@@ -67,6 +73,18 @@ for part in $parts; do
         else
             echo "runner_tp2: needs two GPUs, $gpus here"
         fi
+        ;;
+    ab)
+        run runner_ab 360 python3 scripts/bench_gpu_runner.py --variants base,fused \
+            --contexts 1024 --out "$out/runner_ab_llama8b.json" --profile-dir "$out"
+        run runner_ab_qwen3 200 python3 scripts/bench_gpu_runner.py --model qwen3-0.6b \
+            --variants base,fused --contexts 1024 --skip-prefill --out "$out/runner_ab_qwen3.json"
+        ;;
+    interactive)
+        run interactive 330 python3 scripts/bench_gpu_interactive.py --variants base,fused \
+            --runner-steps --out "$out/interactive_llama8b.json"
+        run interactive_qwen3 240 python3 scripts/bench_gpu_interactive.py --model qwen3-0.6b \
+            --port 18600 --variants base,fused --runner-steps --out "$out/interactive_qwen3.json"
         ;;
     overlap) run overlap 300 python3 scripts/bench_gpu_overlap.py --out "$out/overlap.json" ;;
     serve)
