@@ -125,6 +125,8 @@ def time_decode(leader: TPLeader, batch: int, context: int, steps: int = 30) -> 
         "host_launch_s": statistics.median(host),
         "pipelined_step_s": pipelined,
         "gpu_step_s": gpu_step,
+        "gpu_step_p10_s": statistics.quantiles(gpu, n=10)[0],
+        "gpu_step_p90_s": statistics.quantiles(gpu, n=10)[-1],
         "gpu_idle_fraction": sum(gaps) / (sum(gaps) + sum(gpu[1:])),
         "roofline_step_s": roofline,
         "sync_roofline_fraction": roofline / statistics.median(sync),

@@ -77,11 +77,12 @@ for part in $parts; do
             echo "runner_tp2: needs two GPUs, $gpus here"
         fi
         ;;
-    ab)
-        run runner_ab 360 python3 scripts/bench_gpu_runner.py --variants base,fused \
+    ab)  # AB_VARIANTS=base,fused,base,fused: each variant twice in one run, for the spread
+        run runner_ab 360 python3 scripts/bench_gpu_runner.py --variants "${AB_VARIANTS:-base,fused}" \
             --contexts 1024 --out "$out/runner_ab_llama8b.json" --profile-dir "$out"
         run runner_ab_qwen3 200 python3 scripts/bench_gpu_runner.py --model qwen3-0.6b \
-            --variants base,fused --contexts 1024 --skip-prefill --out "$out/runner_ab_qwen3.json"
+            --variants "${AB_VARIANTS:-base,fused}" --contexts 1024 --skip-prefill \
+            --out "$out/runner_ab_qwen3.json"
         ;;
     interactive)
         run interactive 330 python3 scripts/bench_gpu_interactive.py --variants base,fused \
