@@ -178,7 +178,7 @@ def main() -> None:
     ap.add_argument("--prompts", default="1024,8192", help="prompt lengths in tokens")
     ap.add_argument("--new", type=int, default=256, help="tokens generated per stream")
     ap.add_argument("--repeats", type=int, default=5, help="streams per prompt length")
-    ap.add_argument("--variants", default="base", help="comma list of: base, fused")
+    ap.add_argument("--variants", default="fused", help="comma list of: base, fused (the default)")
     ap.add_argument("--runner-steps", action="store_true")
     ap.add_argument("--serve-args", nargs=argparse.REMAINDER, default=[])
     args = ap.parse_args()

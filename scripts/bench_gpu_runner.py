@@ -280,9 +280,9 @@ def main() -> None:
     ap.add_argument("--contexts", default="1024,4096", help="decode contexts")
     ap.add_argument(
         "--variants",
-        default="base",
+        default="fused",
         help="comma list, measured one after the other in this run: base (FlashInfer's "
-        "kernels), fused (QK-norm + rotary + KV write in one Triton kernel)",
+        "kernels), fused (QK-norm + rotary + KV write in one Triton kernel; the engine default)",
     )
     args = ap.parse_args()
     copy = copy_bandwidth(4 << 30)
