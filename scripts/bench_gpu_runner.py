@@ -9,25 +9,34 @@ bandwidth, dense bf16 matmul rate), then, for the Llama-3.1-8B shape with dummy
 bf16 weights on the serving path (``ModelRunner.launch``: FlashInfer, CUDA graphs):
 
 - decode steps at batch 1, 16, 64, 256 and contexts of 1k and 4k tokens (where the
-  KV cache fits). ``sync`` times one step at a time (host work + device work, the
-  way a strictly alternating loop runs it); ``pipelined`` launches the steps back
-  to back with each step's inputs read on the device from the previous step's
-  samples (the way the overlapped loop runs it). The roofline of a step is the
-  bytes it must read (every weight but the embedding table, and the KV of every
-  context position) over the copy bandwidth;
+  KV cache fits), each configuration after its own warm-up of both paths. ``sync``
+  times one step at a time (host work + device work, the way a strictly alternating
+  loop runs it), ``host_launch_s`` the part of it before ``launch`` returns;
+  ``pipelined`` launches the steps back to back with each step's inputs read on the
+  device from the previous step's samples (the way the overlapped loop runs it), by
+  the wall clock and by CUDA events around each step's device work (``gpu_step_s``,
+  and the idle gaps between steps). The roofline of a step is the bytes it must read
+  (every weight but the embedding table, and the KV of every context position) over
+  the copy bandwidth;
 - prefill of one 8192-token chunk (and of 8192 tokens after an 8192-token prefix):
   model FLOPs (2 per matmul parameter per token, attention 4 * heads * head_dim per
   query-key pair, the LM head for the one sampled row) over time and the matmul peak.
 
-``--profile-dir`` also writes a torch profiler table (CUDA time by kernel) of
-decode steps at batch 64 and of one prefill chunk.
+``--variants base,fused`` measures the runner with FlashInfer's kernels, then with
+QK-norm + rotary + KV write fused into one Triton kernel (``SERVELAB_FUSED_ROPE_STORE``),
+in the same run against the same ceilings. ``--profile-dir`` also writes, per variant,
+torch profiler tables: device time by kernel of decode steps at batch 1 and 64 and of
+one prefill chunk, host time by operation of sync decode steps at batch 1 and 256.
 """
 
 from __future__ import annotations
 
 import argparse
 import datetime as dt
+import gc
+import itertools
 import json
+import os
 import statistics
 import sys
 import time
@@ -70,37 +79,60 @@ def decode_plans(batch: int, context: int, steps: int) -> tuple[list[Plan], list
 
 
 def time_decode(leader: TPLeader, batch: int, context: int, steps: int = 30) -> dict[str, Any]:
+    """One configuration's step times, sync and pipelined, each after its own warm-up.
+
+    ``sync``: one step at a time; ``host_launch_s`` is the part of it before
+    ``launch`` returns (the host's work to issue the step). ``pipelined``: steps
+    launched back to back, timed twice (the wall clock over the steps, and CUDA
+    events around each step's device work: ``gpu_step_s`` and the idle gaps
+    between steps). Every path is warmed up first (the first pipelined launch of a
+    run loads the kernels that read inputs from the previous step's samples).
+    """
     runner = leader.runner
-    plans, _ = decode_plans(batch, context, steps + 10)
+    plans, _ = decode_plans(batch, context, steps + 20)
     sp = [GREEDY] * batch
     first = StepInputs([], [1] * batch, sp, [0] * batch)
     later = StepInputs([], [FROM_LAST_SAMPLE] * batch, sp, [0] * batch)
-    for plan in plans[:5]:
-        leader.step(plan, first)
-    sync = []
-    for plan in plans[5:10]:
-        t0 = time.perf_counter()
-        leader.step(plan, first)
-        sync.append(time.perf_counter() - t0)
-    torch.cuda.synchronize()
-    leader.step(plans[10], first)
-    t0 = time.perf_counter()
-    handle = None
-    for plan in plans[11 : 11 + steps - 1]:
+    leader.step(plans[0], first)
+    for plan in plans[1:6]:  # warm-up, pipelined
         handle = leader.launch(plan, later)
-    assert handle is not None
     handle.tokens()
-    pipelined = (time.perf_counter() - t0) / (steps - 1)
-    kv_bytes = runner.config.kv_bytes_per_token(2) * batch * (context + 10)
+    sync, host = [], []
+    for plan in plans[6:16]:
+        t0 = time.perf_counter()
+        handle = leader.launch(plan, first)
+        t1 = time.perf_counter()
+        handle.tokens()
+        sync.append(time.perf_counter() - t0)
+        host.append(t1 - t0)
+    leader.step(plans[16], first)
+    runner.step_events = []
+    t0 = time.perf_counter()
+    for plan in plans[17 : 17 + steps]:
+        handle = leader.launch(plan, later)
+    handle.tokens()
+    pipelined = (time.perf_counter() - t0) / steps
+    events, runner.step_events = runner.step_events, None
+    gpu = [a.elapsed_time(b) / 1e3 for a, b in events]
+    gaps = [b.elapsed_time(a) / 1e3 for (_, b), (a, _) in itertools.pairwise(events)]
+    kv_bytes = runner.config.kv_bytes_per_token(2) * batch * (context + steps)
     roofline = (weight_bytes(runner) + kv_bytes) / CEILINGS["copy_bytes_per_s"]
+    gpu_step = statistics.median(gpu)
     return {
         "batch": batch,
         "context": context,
         "sync_step_s": statistics.median(sync),
+        "host_launch_s": statistics.median(host),
         "pipelined_step_s": pipelined,
+        "gpu_step_s": gpu_step,
+        "gpu_step_p10_s": statistics.quantiles(gpu, n=10)[0],
+        "gpu_step_p90_s": statistics.quantiles(gpu, n=10)[-1],
+        "gpu_idle_fraction": sum(gaps) / (sum(gaps) + sum(gpu[1:])),
         "roofline_step_s": roofline,
         "sync_roofline_fraction": roofline / statistics.median(sync),
         "pipelined_roofline_fraction": roofline / pipelined,
+        "gpu_roofline_fraction": roofline / gpu_step,
+        "host_launch_share_of_gpu_step": statistics.median(host) / gpu_step,
         "tokens_per_s": batch / pipelined,
     }
 
@@ -139,48 +171,47 @@ def time_prefill(leader: TPLeader, tokens: int, prefix: int) -> dict[str, Any]:
     }
 
 
-def profile(leader: TPLeader, out_dir: Path) -> None:
+def profile(leader: TPLeader, out_dir: Path, tag: str, skip_prefill: bool) -> None:
+    """Torch profiler tables: device time by kernel (decode at batch 1 and 64, one 8k prefill
+    chunk) and host time by operation (sync decode steps at batch 1 and 256, by self CPU time).
+    """
     from torch.profiler import ProfilerActivity
     from torch.profiler import profile as torch_profile
 
-    plans, _ = decode_plans(64, 1024, 12)
-    sp = [GREEDY] * 64
-    inputs = StepInputs([], [1] * 64, sp, [0] * 64)
-    leader.step(plans[0], inputs)
-    with torch_profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
-        for plan in plans[1:11]:
-            leader.step(plan, inputs)
-    table = prof.key_averages().table(sort_by="cuda_time_total", row_limit=30)
-    (out_dir / "profile_decode_b64.txt").write_text(table)
+    both = [ProfilerActivity.CPU, ProfilerActivity.CUDA]
+    for batch, sort, name in (
+        (1, "cuda_time_total", "decode_b1"),
+        (64, "cuda_time_total", "decode_b64"),
+        (1, "self_cpu_time_total", "host_b1"),
+        (256, "self_cpu_time_total", "host_b256"),
+    ):
+        plans, _ = decode_plans(batch, 1024, 12)
+        sp = [GREEDY] * batch
+        inputs = StepInputs([], [1] * batch, sp, [0] * batch)
+        leader.step(plans[0], inputs)
+        with torch_profile(activities=both) as prof:
+            for plan in plans[1:11]:
+                leader.step(plan, inputs)
+        table = prof.key_averages().table(sort_by=sort, row_limit=40)
+        (out_dir / f"profile_{name}_{tag}.txt").write_text(table)
+    if skip_prefill:
+        return
     pages = tuple(range(512))
     chunk = PrefillChunk("prof", 0, 8192, True, pages)
     ids = [(7 * i) % 30000 + 1 for i in range(8192)]
-    with torch_profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+    with torch_profile(activities=both) as prof:
         leader.step(Plan(0, prefill=(chunk,)), StepInputs([ids], [], [GREEDY], [0]))
     table = prof.key_averages().table(sort_by="cuda_time_total", row_limit=30)
-    (out_dir / "profile_prefill_8k.txt").write_text(table)
+    (out_dir / f"profile_prefill_8k_{tag}.txt").write_text(table)
 
 
 CEILINGS: dict[str, float] = {}
+VARIANTS = {"base": "0", "fused": "1"}  # SERVELAB_FUSED_ROPE_STORE for each variant
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
-    ap.add_argument("--out", type=Path, required=True)
-    ap.add_argument("--model", default="llama-3.1-8b")
-    ap.add_argument("--profile-dir", type=Path)
-    ap.add_argument("--no-cuda-graph", action="store_true")
-    ap.add_argument("--tp", type=int, default=1, help="tensor-parallel degree (NCCL)")
-    ap.add_argument("--skip-prefill", action="store_true")
-    ap.add_argument("--batches", default="1,16,64,256", help="decode batch sizes")
-    ap.add_argument("--contexts", default="1024,4096", help="decode contexts")
-    args = ap.parse_args()
-    copy = copy_bandwidth(4 << 30)
-    mm = matmul_flops(8192)
-    CEILINGS.update(
-        copy_bytes_per_s=copy["read_plus_write_bytes_per_s"], matmul_flops_per_s=mm["flops_per_s"]
-    )
-    print(json.dumps(CEILINGS), flush=True)
+def measure_variant(args: argparse.Namespace, variant: str) -> dict[str, Any]:
+    """Build a runner for ``variant``, time every configuration, free it."""
+    os.environ["SERVELAB_FUSED_ROPE_STORE"] = VARIANTS[variant]
     t0 = time.perf_counter()
     runner_args = RunnerArgs(
         model=args.model,
@@ -201,17 +232,12 @@ def main() -> None:
     leader = TPLeader(runner_args)
     runner = leader.runner
     result: dict[str, Any] = {
-        "command": " ".join(["python3", *sys.argv]),
-        "date": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
-        "device": torch.cuda.get_device_name(),
-        "torch": torch.__version__,
-        "model": args.model,
-        "tp": args.tp,
+        "variant": variant,
+        "ops": runner.model.model.layers[0].self_attn.ops.name,
         "attention_backend": runner.backend_name,
         "cuda_graphs": runner.graphs is not None,
         "runner_start_s": time.perf_counter() - t0,
         "graph_capture_s": runner.graphs.capture_s if runner.graphs else None,
-        "ceilings": {"copy": copy, "matmul_bf16": mm},
         "weight_bytes_per_decode_step": weight_bytes(runner),
         "decode": [],
         "prefill": [],
@@ -225,19 +251,59 @@ def main() -> None:
                 )
                 continue
             row = time_decode(leader, batch, context)
-            print(json.dumps(row), flush=True)
+            print(json.dumps({"variant": variant, **row}), flush=True)
             result["decode"].append(row)
-            args.out.write_text(json.dumps(result, indent=1) + "\n")
     for prefix in () if args.skip_prefill else (0, 8192):
         row = time_prefill(leader, 8192, prefix)
-        print(json.dumps(row), flush=True)
+        print(json.dumps({"variant": variant, **row}), flush=True)
         result["prefill"].append(row)
     if args.profile_dir:
-        profile(leader, args.profile_dir)
-    args.out.write_text(json.dumps(result, indent=1) + "\n")
+        profile(leader, args.profile_dir, variant, args.skip_prefill)
     leader.shutdown()
     for f in followers:
         f.join(timeout=60)
+    del leader, runner
+    gc.collect()
+    torch.cuda.empty_cache()
+    return result
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    ap.add_argument("--out", type=Path, required=True)
+    ap.add_argument("--model", default="llama-3.1-8b")
+    ap.add_argument("--profile-dir", type=Path)
+    ap.add_argument("--no-cuda-graph", action="store_true")
+    ap.add_argument("--tp", type=int, default=1, help="tensor-parallel degree (NCCL)")
+    ap.add_argument("--skip-prefill", action="store_true")
+    ap.add_argument("--batches", default="1,16,64,256", help="decode batch sizes")
+    ap.add_argument("--contexts", default="1024,4096", help="decode contexts")
+    ap.add_argument(
+        "--variants",
+        default="fused",
+        help="comma list, measured one after the other in this run: base (FlashInfer's "
+        "kernels), fused (QK-norm + rotary + KV write in one Triton kernel; the engine default)",
+    )
+    args = ap.parse_args()
+    copy = copy_bandwidth(4 << 30)
+    mm = matmul_flops(8192)
+    CEILINGS.update(
+        copy_bytes_per_s=copy["read_plus_write_bytes_per_s"], matmul_flops_per_s=mm["flops_per_s"]
+    )
+    print(json.dumps(CEILINGS), flush=True)
+    result: dict[str, Any] = {
+        "command": " ".join(["python3", *sys.argv]),
+        "date": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
+        "device": torch.cuda.get_device_name(),
+        "torch": torch.__version__,
+        "model": args.model,
+        "tp": args.tp,
+        "ceilings": {"copy": copy, "matmul_bf16": mm},
+        "variants": [],
+    }
+    for variant in args.variants.split(","):
+        result["variants"].append(measure_variant(args, variant))
+        args.out.write_text(json.dumps(result, indent=1) + "\n")
 
 
 if __name__ == "__main__":

@@ -6,9 +6,15 @@
 #
 # Parts (default: all, in this order; each bounded by its own timeout):
 #   probe     where decode-graph capture spends its time (with and without PDL)
-#   tests     tests/test_gpu_engine.py (the TP=2 test needs two GPUs)
+#   tests     tests/test_gpu_engine.py (the TP=2 test needs two GPUs), tests/test_fused_rope.py
 #   runner    decode step time and prefill MFU, Llama-3.1-8B shape
 #   runner_tp2  decode step time at TP=2 over NCCL (two GPUs)
+#   ab        decode steps (device time from CUDA events, host launch time) and profiles,
+#             FlashInfer's kernels against the fused QK-norm + rotary + KV-write kernel,
+#             Llama-3.1-8B and Qwen3-0.6B shapes, 1k contexts
+#   interactive  one stream at a time over HTTP (1k and 8k prompts): TTFT and TPOT against
+#             one prefill and one batch-1 decode step, and the runner's batch-1 step, both
+#             kernel variants, Llama-3.1-8B and Qwen3-0.6B shapes
 #   overlap   idle GPU time between decode steps, overlap on and off
 #   serve     the offline workload over HTTP: Llama-3.1-8B (overlap on and off), Qwen3-0.6B
 #   profile   `engine profile` of the Llama-3.1-8B shape -> OUT_DIR/h200_llama-3.1-8b.csv
@@ -55,7 +61,10 @@ for part in $parts; do
         run probe 120 python3 scripts/gpu_capture_probe.py --max-bs 16
         run probe_no_pdl 120 python3 scripts/gpu_capture_probe.py --max-bs 16 --no-pdl
         ;;
-    tests) run tests 420 python3 -m pytest -q -x -p no:cacheprovider tests/test_gpu_engine.py ;;
+    tests)
+        run tests 420 python3 -m pytest -q -x -p no:cacheprovider tests/test_gpu_engine.py \
+            tests/test_fused_rope.py
+        ;;
     runner)
         run runner 300 python3 scripts/bench_gpu_runner.py --out "$out/runner_llama8b.json" \
             --profile-dir "$out"
@@ -67,6 +76,19 @@ for part in $parts; do
         else
             echo "runner_tp2: needs two GPUs, $gpus here"
         fi
+        ;;
+    ab)  # AB_VARIANTS=base,fused,base,fused: each variant twice in one run, for the spread
+        run runner_ab 360 python3 scripts/bench_gpu_runner.py --variants "${AB_VARIANTS:-base,fused}" \
+            --contexts 1024 --out "$out/runner_ab_llama8b.json" --profile-dir "$out"
+        run runner_ab_qwen3 200 python3 scripts/bench_gpu_runner.py --model qwen3-0.6b \
+            --variants "${AB_VARIANTS:-base,fused}" --contexts 1024 --skip-prefill \
+            --out "$out/runner_ab_qwen3.json"
+        ;;
+    interactive)
+        run interactive 330 python3 scripts/bench_gpu_interactive.py --variants base,fused \
+            --runner-steps --out "$out/interactive_llama8b.json"
+        run interactive_qwen3 240 python3 scripts/bench_gpu_interactive.py --model qwen3-0.6b \
+            --port 18600 --variants base,fused --runner-steps --out "$out/interactive_qwen3.json"
         ;;
     overlap) run overlap 300 python3 scripts/bench_gpu_overlap.py --out "$out/overlap.json" ;;
     serve)

@@ -107,10 +107,20 @@ def _plans(prompt: list[int]) -> list[tuple[Plan, StepInputs]]:
     return steps
 
 
-@pytest.mark.parametrize("graphs", [True, False], ids=["graphs", "eager"])
-def test_flashinfer_logits_match_torch_backend(reference: ModelRunner, graphs: bool) -> None:
+@pytest.mark.parametrize(
+    ("graphs", "fused"),
+    [(True, False), (False, False), (True, True)],
+    ids=["graphs", "eager", "graphs-fused"],
+)
+def test_flashinfer_logits_match_torch_backend(
+    reference: ModelRunner, graphs: bool, fused: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``fused``: QK-norm, rotary and the KV write in one Triton kernel (``FusedOps``)."""
+    monkeypatch.setenv("SERVELAB_FUSED_ROPE_STORE", "1" if fused else "0")
     runner = make_runner("flashinfer", graphs)
     assert (runner.graphs is not None) == graphs
+    ops = runner.model.model.layers[0].self_attn.ops
+    assert ops.name == ("flashinfer+fused" if fused else "flashinfer")
     prompt = torch.randint(0, 40000, (200,), generator=torch.Generator().manual_seed(3)).tolist()
     for plan, inputs in _plans(prompt):
         want = reference.logits(plan, inputs)

@@ -54,6 +54,18 @@ class AttentionBackend(ABC):
         ``q``, ``k``, ``v`` and the pool share one dtype.
         """
 
+    def kv_store(self, layer: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None:
+        """``(k_flat, v_flat, out_slots)`` of ``layer`` for a model that writes the step's
+        K/V itself (then it calls ``attend``, not ``forward``); None if the backend writes them.
+
+        ``k_flat``/``v_flat`` are the pool's ``[slots, kv_heads, D]`` views (``KVPool.flat``).
+        """
+        return None
+
+    def attend(self, layer: int, q: torch.Tensor) -> torch.Tensor:
+        """``forward`` for a step whose K/V the model already stored at ``kv_store``'s slots."""
+        raise NotImplementedError(f"the {self.name} backend writes K/V itself (kv_store)")
+
     def init_graphs(self, batch_sizes: list[int], max_pages: int) -> None:
         raise NotImplementedError(f"the {self.name} backend does not run in CUDA graphs")
 

@@ -59,6 +59,7 @@ class FlashInferAttention(AttentionBackend):
         self.wrapper: Any = None
         self.out_slots: torch.Tensor | None = None
         self._planned: torch.cuda.Event | None = None
+        self._flat = [pool.flat(layer) for layer in range(len(pool.k))]
 
     def _share_int_workspace(self, wrapper: Any) -> None:
         wrapper._int_workspace_buffer = self.prefill._int_workspace_buffer
@@ -130,6 +131,14 @@ class FlashInferAttention(AttentionBackend):
     ) -> torch.Tensor:
         assert self.out_slots is not None, "prepare() first"
         self.pool.write(layer, self.out_slots, k, v)
+        return self.attend(layer, q)
+
+    def kv_store(self, layer: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None:
+        assert self.out_slots is not None, "prepare() first"
+        k_flat, v_flat = self._flat[layer]
+        return k_flat, v_flat, self.out_slots
+
+    def attend(self, layer: int, q: torch.Tensor) -> torch.Tensor:
         out: torch.Tensor = self.wrapper.run(
             q, (self.pool.k[layer], self.pool.v[layer]), enable_pdl=self.pdl
         )

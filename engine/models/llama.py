@@ -30,7 +30,7 @@ from engine.models.layers import (
     RMSNorm,
     RowParallelLinear,
 )
-from engine.models.ops import TorchOps
+from engine.models.ops import FusedOps, TorchOps
 from engine.models.rotary import cos_sin_cache
 from schema.models import ModelConfig
 
@@ -88,8 +88,27 @@ class LlamaAttention(nn.Module):
         cos_sin: torch.Tensor,
         attn: AttentionBackend,
     ) -> torch.Tensor:
-        t, d = x.shape[0], self.head_dim
+        t = x.shape[0]
         qkv = self.qkv_proj(x)
+        ops = self.ops
+        store = attn.kv_store(self.layer_id) if isinstance(ops, FusedOps) else None
+        if isinstance(ops, FusedOps) and store is not None:
+            norms = None
+            if self.q_norm is not None and self.k_norm is not None:
+                norms = (self.q_norm.weight, self.k_norm.weight, self.q_norm.eps)
+            heads = (self.num_q, self.num_kv, self.head_dim)
+            q = ops.qkv_rope_store(qkv, heads, positions, cos_sin, store, norms)
+            o = attn.attend(self.layer_id, q)
+        else:
+            o = attn.forward(self.layer_id, *self._rotated_qkv(qkv, positions, cos_sin))
+        out: torch.Tensor = self.o_proj(o.reshape(t, self.num_q * self.head_dim))
+        return out
+
+    def _rotated_qkv(
+        self, qkv: torch.Tensor, positions: torch.Tensor, cos_sin: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Q, K (QK-normed, rotated) and V as ``[T, heads, D]`` views or copies of ``qkv``."""
+        t, d = qkv.shape[0], self.head_dim
         q_end, k_end = self.num_q * d, (self.num_q + self.num_kv) * d
         q = qkv[:, :q_end].view(t, self.num_q, d)
         k = qkv[:, q_end:k_end].view(t, self.num_kv, d)
@@ -97,9 +116,7 @@ class LlamaAttention(nn.Module):
         if self.q_norm is not None and self.k_norm is not None:
             q, k = self.q_norm(q), self.k_norm(k)
         q, k = self.ops.rotary(positions, q, k, cos_sin)
-        o = attn.forward(self.layer_id, q, k, v)
-        out: torch.Tensor = self.o_proj(o.reshape(t, self.num_q * d))
-        return out
+        return q, k, v
 
 
 class LlamaMLP(nn.Module):
