@@ -217,13 +217,15 @@ class SimSchedulerLoop:
         if arrival is not None and arrival < now + (float(ends[-1]) - now):
             j = max(1, int(np.searchsorted(begins, arrival, side="left")))
         stats = s.stats()
+        waited = False
         if self.interruptible:
             j = yield from self._wait_run(begins, ends, j)
+            waited = True
         run = s.advance_decode(j)
         if run.context_tokens != context or run.rids != rids:
             raise RuntimeError("decode run differs from the running set the sim priced")
         self.num_runs += 1
-        if env.now < ends[j - 1]:
+        if not waited and now < ends[j - 1]:
             yield env.timeout(float(ends[j - 1]) - now)
         self._record_run(run, starts[:j], durations[:j], token_times[:j], stats)
         if run.in_flight is None:
