@@ -133,7 +133,8 @@ def test_cluster_outputs(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> 
     out = tmp_path / "out"
     rc = main(["replay", str(MOONCAKE), "--limit", "60", "--rate-scale", "4", "--model",
                "qwen3-0.6b", "--replicas", "2", "--router", "cache_aware",
-               "--router-cache-threshold", "0.3", "--no-progress", "--out", str(out)])  # fmt: skip
+               "--router-cache-threshold", "0.3", "--timeline", "--no-progress",
+               "--out", str(out)])  # fmt: skip
     assert rc == 0
     requests = pd.read_csv(out / "requests.csv")
     assert set(requests["replica"]) == {0, 1}
@@ -149,6 +150,10 @@ def test_cluster_outputs(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> 
     assert sum(summary["router"]["decisions"].values()) == 60
     assert summary["config"]["router_cache_threshold"] == 0.3
     assert "Replicas" in (out / "report.html").read_text()
+    events = json.loads((out / "timeline.json").read_text())["traceEvents"]
+    engines = {e["args"]["name"] for e in events if e["name"] == "process_name"}
+    assert {"engine (replica 0)", "engine (replica 1)"} <= engines
+    assert {e["pid"] for e in events if e.get("cat") == "step"} == {2, 3}
 
 
 def test_bad_cluster_flags_are_clear_errors(
