@@ -115,16 +115,16 @@ class ClusterReplica(Replica):
 
 
 class Cluster:
-    """One replay on ``len(schedulers)`` replicas behind ``router``: ``run()`` it, then read
-    the shared per-request records, ``replica_of`` and each replica's step and queue records."""
+    """One replay on ``len(schedulers)`` replicas behind ``router``, each priced by ``costs``
+    (GPU, CPU): ``run()`` it, then read the shared per-request records, ``replica_of`` and
+    each replica's step and queue records."""
 
     def __init__(
         self,
         records: RequestRecords,
         schedulers: list[Any],
         router: Router,
-        gpu: GpuCostModel,
-        cpu: CpuCosts,
+        costs: tuple[GpuCostModel, CpuCosts],
         *,
         num_tokenizers: int = 1,
         loop: LoopSettings = LoopSettings(),
@@ -135,6 +135,7 @@ class Cluster:
         self.router = router
         self.routing_done = False
         self.replica_of = array("q", [-1]) * len(records.trace)
+        gpu, cpu = costs
         self.replicas = [
             ClusterReplica(
                 self,

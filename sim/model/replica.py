@@ -32,6 +32,7 @@ from core.scheduler import (
     SchedulerStats,
     TokenOut,
 )
+from schema.metrics import TIME_COLUMNS
 from schema.samples import WeightedSamples
 from schema.steplog import StepLog
 from schema.traces.record import TraceRequest
@@ -40,17 +41,9 @@ from sim.model.delivery import Delivered, TokenDelivery
 from sim.model.scheduler_loop import LoopSettings, SimSchedulerLoop
 
 NAN = math.nan
-TIME_FIELDS = (
-    "arrival",
-    "parsed",
-    "tokenizer_enter",
-    "tokenize_start",
-    "tokenized",
-    "sched_arrival",
-    "first_scheduled",
-    "first_token",
-    "finished",
-)
+TIME_FIELDS = (*TIME_COLUMNS, "parsed", "tokenizer_enter")
+"""Every stage time a request records: ``requests.csv``'s and the two that only its
+``*_ms`` columns show."""
 
 
 class Progress:
