@@ -109,7 +109,7 @@ def _runs(cols: dict[str, np.ndarray]) -> np.ndarray:
     return np.flatnonzero(np.concatenate(([True], ~same)))
 
 
-def step_events(steps: pd.DataFrame) -> list[dict[str, Any]]:
+def step_events(steps: pd.DataFrame, pid: int = ENGINE_PID) -> list[dict[str, Any]]:
     """Runs of identical back-to-back decode steps become one slice (``args.steps``)."""
     names = ("time", "duration_s", "batch_size", "prefill_tokens", "decode_requests",
              "num_running", "num_waiting", "kv_pages_used")  # fmt: skip
@@ -127,34 +127,48 @@ def step_events(steps: pd.DataFrame) -> list[dict[str, Any]]:
         ts = _us(cols["time"][i])
         end = cols["time"][j] + cols["duration_s"][j]
         shape = _clean({k: cols[k][i] for k in ("batch_size", "prefill_tokens", "decode_requests")})
-        events.append({"name": name, "cat": "step", "ph": "X", "pid": ENGINE_PID,
+        events.append({"name": name, "cat": "step", "ph": "X", "pid": pid,
                        "tid": STEPS_TID, "ts": ts, "dur": _us(end - cols["time"][i]),
                        "args": shape | {"steps": int(j - i + 1)}})  # fmt: skip
         batch = _clean({k: cols[k][i] for k in ("batch_size", "num_running", "num_waiting")})
-        events.append({"name": "batch", "ph": "C", "pid": ENGINE_PID, "ts": ts, "args": batch})
+        events.append({"name": "batch", "ph": "C", "pid": pid, "ts": ts, "args": batch})
         pages = _clean({"used": cols["kv_pages_used"][j]})
         if pages:
-            events.append({"name": "kv pages", "ph": "C", "pid": ENGINE_PID, "ts": ts,
+            events.append({"name": "kv pages", "ph": "C", "pid": pid, "ts": ts,
                            "args": pages})  # fmt: skip
     return events
 
 
-def _names() -> list[dict[str, Any]]:
-    def meta(kind: str, pid: int, name: str, tid: int = 0) -> dict[str, Any]:
-        return {"name": kind, "ph": "M", "pid": pid, "tid": tid, "args": {"name": name}}
+def _meta(kind: str, pid: int, name: str, tid: int = 0) -> dict[str, Any]:
+    return {"name": kind, "ph": "M", "pid": pid, "tid": tid, "args": {"name": name}}
 
+
+def _names() -> list[dict[str, Any]]:
     return [
-        meta("process_name", REQUESTS_PID, "requests"),
-        meta("process_name", ENGINE_PID, "engine"),
-        meta("thread_name", ENGINE_PID, "steps", STEPS_TID),
+        _meta("process_name", REQUESTS_PID, "requests"),
+        _meta("process_name", ENGINE_PID, "engine"),
+        _meta("thread_name", ENGINE_PID, "steps", STEPS_TID),
     ]
+
+
+def _engine_events(steps: pd.DataFrame) -> list[dict[str, Any]]:
+    """The steps as one engine, or (a ``replica`` column) one engine per replica."""
+    if "replica" not in steps.columns:
+        return step_events(steps)
+    events = []
+    for replica, rows in steps.groupby("replica", sort=True):
+        pid = ENGINE_PID + int(replica)
+        events += [_meta("process_name", pid, f"engine (replica {replica})"),
+                   _meta("thread_name", pid, "steps", STEPS_TID)]  # fmt: skip
+        events += step_events(rows, pid)
+    return events
 
 
 def write_timeline(
     path: Path, requests: pd.DataFrame, steps: pd.DataFrame, source: str, **metadata: Any
 ) -> None:
     """Write the timeline of one run (``source``: ``engine bench`` or ``sim replay``)."""
-    events = _names() + request_events(requests) + step_events(steps)
+    events = _names() + request_events(requests) + _engine_events(steps)
     doc = {"traceEvents": events, "displayTimeUnit": "ms",
            "metadata": {"source": source, **metadata}}  # fmt: skip
     Path(path).write_text(json.dumps(doc, separators=(",", ":")), encoding="utf-8")

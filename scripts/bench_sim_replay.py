@@ -71,9 +71,15 @@ def timed_replay(tree: Path, trace: Path, out: Path, extra: list[str]) -> dict[s
     return {"wall_s": wall, "cpu_s": cpu, "peak_rss_mb": usage.ru_maxrss / 1024}
 
 
+ADDED_COLUMNS = ("replica",)
+"""Columns a baseline from before they were added lacks (compared when both have them)."""
+
+
 def compare_requests(a: Path, b: Path) -> dict[str, Any]:
     """Check that two ``requests.csv`` agree; the largest time difference per column."""
     x, y = pd.read_csv(a), pd.read_csv(b)
+    added = [c for c in ADDED_COLUMNS if (c in x.columns) != (c in y.columns)]
+    x, y = x.drop(columns=added, errors="ignore"), y.drop(columns=added, errors="ignore")
     if list(x.columns) != list(y.columns) or len(x) != len(y):
         raise SystemExit(f"{a} and {b} differ in columns or rows")
     diffs: dict[str, float] = {}

@@ -19,6 +19,8 @@ from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
 
+from core.router import RouterConfig
+from core.router.options import ROUTER_KEYS, pop_router_config, router_keys
 from core.scheduler import POLICIES, SchedulerConfig
 from sim.costs import CostSpec, Profile
 from sim.costs.presets import DTYPE_BYTES, hardware, model_shape
@@ -54,6 +56,9 @@ class SimConfig:
     max_run_steps: int = 4096
     slo_ttft_ms: float | None = None
     slo_tpot_ms: float | None = None
+    # cluster: replicas behind one router (sim.model.cluster); flat keys per core.router.options
+    replicas: int = 1
+    router: RouterConfig = field(default_factory=RouterConfig)
 
     def __post_init__(self) -> None:
         model_shape(self.model)
@@ -65,7 +70,7 @@ class SimConfig:
             raise ValueError(f"no measured {self.dtype} peak for {hw.name}")
         if self.scheduler.policy not in POLICIES:
             raise ValueError(f"unknown policy {self.scheduler.policy!r}; known: {sorted(POLICIES)}")
-        for name in ("tp", "num_tokenizers", "max_run_steps"):
+        for name in ("tp", "num_tokenizers", "max_run_steps", "replicas"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"{name} must be a positive integer, got {value!r}")
@@ -109,7 +114,8 @@ class SimConfig:
     def from_flat(cls, **values: Any) -> SimConfig:
         """A config from flat keys: a ``SchedulerConfig`` field's name sets the scheduler's."""
         settings = {k: values.pop(k) for k in SCHEDULER_KEYS & values.keys()}
-        return cls(scheduler=SchedulerConfig(**settings), **values)
+        router = pop_router_config(values)
+        return cls(scheduler=SchedulerConfig(**settings), router=router, **values)
 
     def __getattr__(self, name: str) -> Any:
         """The scheduler's settings read flat too: ``config.policy``."""
@@ -124,6 +130,8 @@ class SimConfig:
         """Flat keys, as a config file gives them, and the page count they resolve to."""
         out = asdict(self)
         out.update(out.pop("scheduler"))
+        out.pop("router")
+        out.update(router_keys(self.router))
         out["resolved_num_pages"] = self.resolved_num_pages()
         return out
 
@@ -162,5 +170,9 @@ def build_config(file: Path | str | None = None, /, **overrides: Any) -> SimConf
     return SimConfig.from_flat(**values)
 
 
-CONFIG_KEYS = frozenset(f.name for f in fields(SimConfig) if f.name != "scheduler") | SCHEDULER_KEYS
+CONFIG_KEYS = (
+    frozenset(f.name for f in fields(SimConfig) if f.name != "scheduler")
+    | SCHEDULER_KEYS
+    | ROUTER_KEYS.keys()
+)
 """The keys of a config file (and of ``build_config``): flat, scheduler settings included."""

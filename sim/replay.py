@@ -11,6 +11,7 @@ import numpy as np
 import pandas as pd
 from tqdm import tqdm
 
+from core.router import Router
 from core.scheduler import Scheduler
 from schema.jsonsafe import json_safe
 from schema.metrics import REQUEST_COLUMNS, TIME_COLUMNS, summarize
@@ -20,17 +21,22 @@ from sim.config import SimConfig
 from sim.costs import load_cpu_costs, make_cost_model, read_profile
 from sim.costs.base import CpuCosts, GpuCostModel
 from sim.model.calls import RecordingScheduler
-from sim.model.pipeline import Pipeline, Progress
+from sim.model.cluster import Cluster
+from sim.model.pipeline import Pipeline
+from sim.model.replica import Progress, Replica, RequestRecords
 from sim.model.scheduler_loop import LoopSettings
+from sim.replicas import itl_samples, replica_summaries, router_summary, step_frame, sum_over
 
 PROGRESS_MIN_REQUESTS = 1000
 
 
 @dataclass(slots=True)
 class ReplayResult(RunResult):
-    """A simulated run, and the scheduler (or ``RecordingScheduler``) that was driven."""
+    """A simulated run, the scheduler (or ``RecordingScheduler``) that was driven (a list of
+    them, one per replica, for several), and the router of a cluster."""
 
     scheduler: Any = None
+    router: Router | None = None
 
 
 class _Bar(Progress):
@@ -52,50 +58,81 @@ def build_costs(config: SimConfig) -> tuple[GpuCostModel, CpuCosts]:
 
 
 def run_replay(
-    trace: Trace, config: SimConfig, *, record_calls: bool = False, progress: bool = True
+    trace: Trace,
+    config: SimConfig,
+    *,
+    record_calls: bool = False,
+    progress: bool = True,
+    cluster: bool | None = None,
 ) -> ReplayResult:
-    """Simulate ``trace`` under ``config``; deterministic for the same inputs."""
+    """Simulate ``trace`` under ``config``; deterministic for the same inputs.
+
+    ``config.replicas`` > 1 runs the cluster (``sim.model.cluster``); ``cluster=True`` runs
+    it for one replica too (the tests compare it with the single pipeline)."""
     wall0 = time.perf_counter()
     gpu, cpu = build_costs(config)
     sched_config = config.scheduler_config()
-    scheduler: Any = Scheduler(sched_config)
+    as_cluster = config.replicas > 1 if cluster is None else cluster
+    schedulers: list[Any] = [Scheduler(sched_config) for _ in range(config.replicas)]
     if record_calls:
-        scheduler = RecordingScheduler(scheduler)
+        schedulers = [RecordingScheduler(s) for s in schedulers]
     bar = (
         _Bar(len(trace.requests))
         if progress and len(trace.requests) >= PROGRESS_MIN_REQUESTS
         else None
     )
-    pipeline = Pipeline(
-        trace.requests,
-        scheduler,
-        gpu,
-        cpu,
-        num_tokenizers=config.num_tokenizers,
-        loop=LoopSettings(config.overlap, config.fast_forward, config.max_run_steps),
-        progress=bar,
-    )
+    loop = LoopSettings(config.overlap, config.fast_forward, config.max_run_steps)
+    sim: Pipeline | Cluster
+    if as_cluster:
+        router = Router(config.router)
+        sim = Cluster(
+            RequestRecords(trace.requests),
+            schedulers,
+            router,
+            (gpu, cpu),
+            num_tokenizers=config.num_tokenizers,
+            loop=loop,
+            progress=bar,
+        )
+        replicas: list[Replica] = list(sim.replicas)
+        replica_of = np.asarray(sim.replica_of, dtype=np.int64)
+    else:
+        if config.replicas != 1:
+            raise ValueError("the single pipeline runs one replica")
+        router = None
+        sim = Pipeline(
+            trace.requests,
+            schedulers[0],
+            gpu,
+            cpu,
+            num_tokenizers=config.num_tokenizers,
+            loop=loop,
+            progress=bar,
+        )
+        replicas = [sim]
+        replica_of = np.zeros(len(trace.requests), dtype=np.int64)
     try:
-        pipeline.run()
+        sim.run()
     finally:
         if bar is not None:
             bar.bar.close()
-    requests = request_frame(pipeline)
-    steps = pipeline.steps.frame()
-    queues = queue_frame(pipeline)
-    itl = pipeline.itl()
+    requests = request_frame(sim.records, replicas, replica_of)
+    steps = step_frame(replicas)
+    queues = queue_frame(replicas)
+    itl = replicas[0].itl() if len(replicas) == 1 else itl_samples(replicas)
     fast_forward = {
         "enabled": config.fast_forward,
-        "runs": pipeline.loop.num_runs,
-        "steps_in_runs": pipeline.loop.steps_in_runs,
+        "runs": sum(r.loop.num_runs for r in replicas),
+        "steps_in_runs": sum(r.loop.steps_in_runs for r in replicas),
     }
-    del pipeline  # its records are in the frames now; the summary's work needs the room
-    stats = scheduler.stats()
+    del sim, replicas  # their records are in the frames now; the summary's work needs the room
+    stats = [s.stats() for s in schedulers]
+    prompt = sum(st.prompt_tokens for st in stats)
     summary = summarize(
         requests,
         itl,
         num_steps=len(steps),
-        prefix_hit_rate=stats.prefix_hit_rate,
+        prefix_hit_rate=sum(st.cached_tokens for st in stats) / prompt if prompt else 0.0,
         slo_ttft_ms=config.slo_ttft_ms,
         slo_tpot_ms=config.slo_tpot_ms,
     )
@@ -104,15 +141,28 @@ def run_replay(
     summary["cpu_costs"] = cpu.describe()
     summary["trace"] = trace.describe()
     summary["fast_forward"] = fast_forward
+    summary["replicas"] = replica_summaries(requests, steps, stats, summary["duration_s"])
+    summary["router"] = None if router is None else router_summary(router)
     summary["wall_s"] = time.perf_counter() - wall0
-    return ReplayResult(json_safe(summary), requests, steps, queues, itl, scheduler)
+    scheduler = schedulers[0] if len(schedulers) == 1 else schedulers
+    return ReplayResult(json_safe(summary), requests, steps, queues, itl, scheduler, router)
 
 
-def queue_frame(p: Pipeline) -> pd.DataFrame:
-    """Queue length per stage at each change, in time order (stable within a time)."""
+def queue_frame(replicas: list[Replica]) -> pd.DataFrame:
+    """Queue length per stage at each change, in time order (stable within a time); for
+    several replicas, each replica's in turn with its number in ``replica``."""
+    frames = [_queues_of(r) for r in replicas]
+    if len(frames) == 1:
+        return frames[0]
+    for k, f in enumerate(frames):
+        f["replica"] = np.int64(k)
+    return pd.concat(frames, ignore_index=True)
+
+
+def _queues_of(p: Replica) -> pd.DataFrame:
     if p.delivered is None:
         raise RuntimeError("queue_frame() before the pipeline ran")
-    parts = [p.front.queue_samples("frontend"), p.front.queue_samples("tokenizer")]
+    parts = [p.front_queue_samples("frontend"), p.front_queue_samples("tokenizer")]
     parts.append(
         (
             np.asarray([t for t, _, _ in p.queue_samples], dtype=np.float64),
@@ -131,11 +181,16 @@ def queue_frame(p: Pipeline) -> pd.DataFrame:
     return frame.sort_values("time", kind="stable").reset_index(drop=True)
 
 
-def request_frame(p: Pipeline) -> pd.DataFrame:
+def request_frame(
+    p: RequestRecords, replicas: list[Replica], replica_of: np.ndarray
+) -> pd.DataFrame:
+    """``requests.csv``: the records of every request, and the replica that served it."""
     t = {k: np.asarray(v, dtype=np.float64) for k, v in p.times.items()}
-    if p.delivered is None:
+    delivered = [r.delivered for r in replicas]
+    if any(d is None for d in delivered):
         raise RuntimeError("request_frame() before the pipeline ran")
-    out_tokens = p.delivered.output_tokens
+    out_tokens = sum_over(d.output_tokens for d in delivered if d is not None)
+    detokenize_s = sum_over(d.detokenize_s for d in delivered if d is not None)
     completed = np.asarray([s == "completed" for s in p.status])
     ttft = np.where(completed, (t["first_token"] - t["arrival"]) * 1e3, np.nan)
     e2e = np.where(completed, (t["finished"] - t["arrival"]) * 1e3, np.nan)
@@ -161,8 +216,9 @@ def request_frame(p: Pipeline) -> pd.DataFrame:
             "scheduler_wait_ms": (t["first_scheduled"] - t["sched_arrival"]) * 1e3,
             "prefill_ms": (t["first_token"] - t["first_scheduled"]) * 1e3,
             "decode_ms": (t["finished"] - t["first_token"]) * 1e3,
-            "detokenize_ms": p.delivered.detokenize_s * 1e3,
+            "detokenize_ms": detokenize_s * 1e3,
             "frontend_ms": (t["parsed"] - t["arrival"]) * 1e3,
+            "replica": replica_of,
         },
-        columns=list(REQUEST_COLUMNS),
+        columns=[*REQUEST_COLUMNS, "replica"],
     )

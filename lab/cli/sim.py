@@ -7,6 +7,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from core.router.options import add_router_flags
 from core.scheduler.options import add_scheduler_flags
 from lab.memory import keep_mmap_threshold
 from lab.sweep.cli import add_capacity_args, add_sweep_args, cmd_capacity, cmd_sweep
@@ -27,6 +28,9 @@ def _replay_args(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> No
     p.add_argument("--model", help="model preset (llama-3.1-8b, qwen3-0.6b, smollm2-135m)")
     p.add_argument("--tp", type=int, help="tensor-parallel degree")
     p.add_argument("--num-tokenizers", type=int)
+    p.add_argument(
+        "--replicas", type=int, help="N replicas of the server behind one router (default: 1)"
+    )
     p.add_argument(
         "--overlap",
         action=argparse.BooleanOptionalAction,
@@ -58,6 +62,7 @@ def _replay_args(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> No
     p.add_argument("--timeline", action="store_true", help="also write timeline.json (Perfetto)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     add_scheduler_flags(p)
+    add_router_flags(p)
 
 
 def _gen_args(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:

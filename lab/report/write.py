@@ -13,6 +13,7 @@ from lab.report.fig_stages import stage_breakdown_figure, stage_share_figure
 from lab.report.fig_timeline import timeline_figure
 from lab.report.header import header_html
 from lab.report.page import Section, figure_div, page_html, trace_path
+from lab.report.replicas import busiest, cluster_replicas, one_replica, replicas_table
 from lab.report.slo import slo_figure, slo_result
 from lab.report.tables import config_tables, evidence_table
 from lab.report.verdict import bottleneck_verdict
@@ -35,8 +36,13 @@ def write_report(
     offline) and returns the bottleneck verdict as a JSON-friendly dict.
 
     The verdict is ``bottleneck_verdict(...)`` plus ``slo``: the fractions of
-    requests meeting each SLO of ``summary.goodput``.
+    requests meeting each SLO of ``summary.goodput``. For a cluster (``summary.replicas``
+    holds several), the timelines and the verdict read the busiest replica's steps and
+    queues (``lab.report.replicas``), and a table compares the replicas.
     """
+    replicas = cluster_replicas(summary)
+    shown = busiest(replicas) if replicas else 0
+    steps, queues = one_replica(steps, shown), one_replica(queues, shown)
     verdict = bottleneck_verdict(summary, requests, steps, queues)
     duration = as_float(verdict["evidence"].get("duration_s")) or float("nan")
     slo = slo_result(
@@ -72,7 +78,8 @@ def write_report(
         Section(
             "Timelines",
             "The run over time, binned (max or mean per bin as labelled). Zoom one row and "
-            "the others follow.",
+            "the others follow."
+            + (f" Steps and queues of replica {shown}, the busiest." if replicas else ""),
             figure_div(timeline_figure(requests, steps, queues, max_running)),
         ),
         Section(
@@ -83,6 +90,13 @@ def write_report(
         ),
         Section("Run configuration", "As given in summary.json.", config_tables(summary)),
     ]
+    if replicas:
+        note = (
+            f"{len(replicas)} replicas behind one router: the requests placed on each, its "
+            "throughput, TTFT, prefix-cache hit rate and busy share (its step time over the "
+            f"run's duration). The verdict and the timelines read replica {shown}'s steps."
+        )
+        sections.insert(0, Section("Replicas", note, replicas_table(summary, shown)))
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     title = f"sim report: {Path(trace_path(summary)).name}"

@@ -45,46 +45,72 @@ class FrontTimes:
     def queue_samples(self, stage: str) -> tuple[np.ndarray, np.ndarray]:
         """(time, requests waiting) of ``stage`` (``frontend`` or ``tokenizer``) at each change;
         at equal times, starts come before arrivals."""
-        enter, start = self.frontend_waits if stage == "frontend" else self.tokenizer_waits
-        times = np.concatenate([enter, start])
-        delta = np.concatenate([np.ones(len(enter), np.int64), -np.ones(len(start), np.int64)])
-        order = np.lexsort((delta, times))
-        return times[order], np.cumsum(delta[order])
+        return queue_samples(self.frontend_waits if stage == "frontend" else self.tokenizer_waits)
+
+
+class FrontQueue:
+    """The frontend and tokenizer pool of one server, fed one request at a time in arrival
+    order (``enter``); ``front_times`` runs it over a whole trace, a simulated cluster's
+    replica as the router places requests on it. It keeps the requests that waited."""
+
+    def __init__(self, cpu: CpuCosts, num_tokenizers: int) -> None:
+        self.frontend, self.ipc, self.tokenize = cpu.frontend, cpu.ipc, cpu.tokenize
+        self.loop_free = -np.inf
+        self.workers = [-np.inf] * num_tokenizers  # when each worker is free again (a heap)
+        self.f_waits: tuple[list[float], list[float]] = ([], [])
+        self.t_waits: tuple[list[float], list[float]] = ([], [])
+
+    def enter(self, now: float, input_length: int) -> tuple[float, float, float, float, float]:
+        """A request arriving at ``now``: (parsed, tokenizer_enter, tokenize_start, tokenized,
+        sched_arrival)."""
+        begin = now
+        if self.loop_free > now:
+            self.f_waits[0].append(now)
+            self.f_waits[1].append(self.loop_free)
+            begin = self.loop_free
+        parsed = self.loop_free = begin + self.frontend
+        entered = parsed + self.ipc
+        free = heapq.heappop(self.workers)
+        begin = entered
+        if free > entered:
+            self.t_waits[0].append(entered)
+            self.t_waits[1].append(free)
+            begin = free
+        done = begin + self.tokenize * input_length
+        heapq.heappush(self.workers, done)
+        return parsed, entered, begin, done, done + self.ipc
+
+    def waits(self, stage: str) -> tuple[np.ndarray, np.ndarray]:
+        """(arrival, start) of the requests that waited at ``stage``."""
+        enter, start = self.f_waits if stage == "frontend" else self.t_waits
+        return np.asarray(enter), np.asarray(start)
+
+
+def queue_samples(waits: tuple[np.ndarray, np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
+    """(time, requests waiting) at each change, from the (arrival, start) of those that waited;
+    at equal times, starts come before arrivals."""
+    enter, start = waits
+    times = np.concatenate([enter, start])
+    delta = np.concatenate([np.ones(len(enter), np.int64), -np.ones(len(start), np.int64)])
+    order = np.lexsort((delta, times))
+    return times[order], np.cumsum(delta[order])
 
 
 def front_times(requests: list[TraceRequest], cpu: CpuCosts, num_tokenizers: int) -> FrontTimes:
     """The stage times of ``requests`` (sorted by arrival); see the module docstring."""
     arrival, parsed, enter, start, tokenized, sched = (array("d") for _ in range(6))
-    f_waits: tuple[list[float], list[float]] = ([], [])
-    t_waits: tuple[list[float], list[float]] = ([], [])
+    queue = FrontQueue(cpu, num_tokenizers)
     now = 0.0
-    loop_free = -np.inf
-    workers = [-np.inf] * num_tokenizers  # when each worker is free again (a heap)
-    frontend, ipc, tokenize = cpu.frontend, cpu.ipc, cpu.tokenize
     for r in requests:
         if r.arrival > now:
             now = now + (r.arrival - now)  # as SimPy's clock advances to the arrival
         arrival.append(now)
-        begin = now
-        if loop_free > now:
-            f_waits[0].append(now)
-            f_waits[1].append(loop_free)
-            begin = loop_free
-        loop_free = begin + frontend
-        parsed.append(loop_free)
-        entered = loop_free + ipc
-        enter.append(entered)
-        free = heapq.heappop(workers)
-        begin = entered
-        if free > entered:
-            t_waits[0].append(entered)
-            t_waits[1].append(free)
-            begin = free
-        done = begin + tokenize * r.input_length
-        heapq.heappush(workers, done)
-        start.append(begin)
-        tokenized.append(done)
-        sched.append(done + ipc)
+        p, e, s, t, a = queue.enter(now, r.input_length)
+        parsed.append(p)
+        enter.append(e)
+        start.append(s)
+        tokenized.append(t)
+        sched.append(a)
     return FrontTimes(
         arrival,
         parsed,
@@ -92,6 +118,6 @@ def front_times(requests: list[TraceRequest], cpu: CpuCosts, num_tokenizers: int
         start,
         tokenized,
         sched,
-        (np.asarray(f_waits[0]), np.asarray(f_waits[1])),
-        (np.asarray(t_waits[0]), np.asarray(t_waits[1])),
+        queue.waits("frontend"),
+        queue.waits("tokenizer"),
     )

@@ -26,7 +26,10 @@ steps (with overlap: and a pure decode is in flight), the loop prices all k
 with numpy and waits for the run's end or for a request reaching the
 scheduler, whichever comes first; interrupted at t, it applies the iterations
 that began before t and carries on. Decisions and times equal those of
-stepping one by one.
+stepping one by one. A host that cannot know its arrivals ahead (a replica
+behind the simulated router) makes the loop ``interruptible``: the loop then
+waits for the run before advancing the core, and ``cut_run`` (a request
+reached the scheduler) ends the wait after the step running then.
 """
 
 from __future__ import annotations
@@ -101,6 +104,8 @@ class SimSchedulerLoop:
         self.settings = settings
         self.num_runs = 0
         self.steps_in_runs = 0
+        self.interruptible = False
+        self._in_run = False  # waiting out a decode run that cut_run may cut
 
     def run(self) -> Process:
         p, env, s = self.p, self.env, self.sched
@@ -212,16 +217,44 @@ class SimSchedulerLoop:
         if arrival is not None and arrival < now + (float(ends[-1]) - now):
             j = max(1, int(np.searchsorted(begins, arrival, side="left")))
         stats = s.stats()
+        waited = False
+        if self.interruptible:
+            j = yield from self._wait_run(begins, ends, j)
+            waited = True
         run = s.advance_decode(j)
         if run.context_tokens != context or run.rids != rids:
             raise RuntimeError("decode run differs from the running set the sim priced")
         self.num_runs += 1
-        if now < ends[j - 1]:
+        if not waited and now < ends[j - 1]:
             yield env.timeout(float(ends[j - 1]) - now)
         self._record_run(run, starts[:j], durations[:j], token_times[:j], stats)
         if run.in_flight is None:
             return None
         return Launched(run.in_flight, float(starts[j - 1] + gpu[j - 1]))
+
+    def _wait_run(self, begins: np.ndarray, ends: np.ndarray, j: int) -> Generator[Any, Any, int]:
+        """Wait for the end of the run's ``j``-th iteration; cut (``cut_run``) at t, wait for
+        the end of the iteration running at t instead. Returns the iterations to apply."""
+        env = self.env
+        now = env.now
+        if now < ends[j - 1]:
+            self._in_run = True
+            try:
+                yield env.timeout(float(ends[j - 1]) - now)
+            except simpy.Interrupt:
+                t = env.now
+                j = min(j, max(1, int(np.searchsorted(begins, t, side="left"))))
+                if t < ends[j - 1]:
+                    yield env.timeout(float(ends[j - 1]) - t)
+            self._in_run = False
+        return j
+
+    def cut_run(self, process: simpy.Process) -> None:
+        """A request reached the scheduler: end the decode run ``process`` is waiting out
+        (after the iteration running now), if it is waiting one out."""
+        if self._in_run:
+            self._in_run = False
+            process.interrupt()
 
     def _record_run(
         self,

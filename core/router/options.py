@@ -1,0 +1,57 @@
+"""The router's settings as flat config keys and command-line flags, built from ``RouterConfig``.
+
+The key ``router`` names the policy; every other field ``f`` is the key
+``router_f`` (flag ``--router-f``), so a simulator config holds the router's
+settings beside the scheduler's without a clash (both have a ``policy`` and
+a ``seed``). The flags default to None, so that a value left out keeps what a
+config file or the field's default says.
+"""
+
+from __future__ import annotations
+
+import argparse
+from dataclasses import asdict, fields
+from typing import Any
+
+from core.router.config import RouterConfig
+from core.router.policy import POLICIES
+
+ROUTER_KEYS = {"router": "policy"} | {
+    f"router_{f.name}": f.name for f in fields(RouterConfig) if f.name != "policy"
+}
+"""Flat key -> ``RouterConfig`` field."""
+
+
+def add_router_flags(parser: argparse.ArgumentParser) -> None:
+    """``--router POLICY`` and one ``--router-field`` flag per other field, in a group."""
+    group = parser.add_argument_group("router", "the router core's settings (with --replicas N)")
+    defaults = RouterConfig()
+    for key, name in ROUTER_KEYS.items():
+        default = getattr(defaults, name)
+        help_ = f"RouterConfig.{name} (default: {default})"
+        flag = "--" + key.replace("_", "-")
+        if name == "policy":
+            group.add_argument(flag, choices=sorted(POLICIES), default=None, help=help_)
+        else:
+            group.add_argument(flag, type=type(default), default=None, help=help_)
+
+
+def pop_router_config(values: dict[str, Any]) -> RouterConfig:
+    """The ``RouterConfig`` of the router keys in ``values`` (removed from it); ``ValueError``
+    on a bad value, an unknown policy included."""
+    given = values.pop("router", None)
+    if isinstance(given, RouterConfig):
+        base = asdict(given)
+    else:
+        base = {} if given is None else {"policy": given}
+    base.update({ROUTER_KEYS[k]: values.pop(k) for k in list(values) if k in ROUTER_KEYS})
+    config = RouterConfig(**base)
+    if config.policy not in POLICIES:
+        known = ", ".join(sorted(POLICIES))
+        raise ValueError(f"unknown router policy {config.policy!r}; known: {known}")
+    return config
+
+
+def router_keys(config: RouterConfig) -> dict[str, Any]:
+    """``config`` as flat keys (``pop_router_config`` reads them back)."""
+    return {key: getattr(config, name) for key, name in ROUTER_KEYS.items()}

@@ -1,0 +1,88 @@
+"""The replicas of a run side by side: per-replica tables and summaries, the router's decisions.
+
+One replica's tables are the pipeline's own. For several, ``steps.csv`` and
+``queues.csv`` hold each replica's rows in turn (its steps in step order, its
+queue samples in time order) with its number in a last column ``replica``;
+``requests.csv`` always has ``replica`` (0 for one).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from core.router import Router
+from core.scheduler import SchedulerStats
+from schema.samples import WeightedSamples
+from sim.model.replica import Replica
+
+
+def sum_over(arrays: Iterable[np.ndarray]) -> np.ndarray:
+    """The element-wise sum (each request's values sit in the one replica that served it)."""
+    it = iter(arrays)
+    total = next(it)
+    for a in it:
+        total = total + a
+    return total
+
+
+def itl_samples(replicas: list[Replica]) -> WeightedSamples:
+    """The ITL gaps of every replica, pooled and sorted."""
+    return WeightedSamples.join([r.itl() for r in replicas]).sorted()
+
+
+def step_frame(replicas: list[Replica]) -> pd.DataFrame:
+    frames = [r.steps.frame() for r in replicas]
+    if len(frames) == 1:
+        return frames[0]
+    for k, f in enumerate(frames):
+        f["replica"] = np.int64(k)
+    return pd.concat(frames, ignore_index=True)
+
+
+def replica_summaries(
+    requests: pd.DataFrame, steps: pd.DataFrame, stats: list[SchedulerStats], duration_s: float
+) -> list[dict[str, Any]]:
+    """Per replica: requests placed on it, completed, rejected, throughput, TTFT P50/P90, its
+    prefix hit rate, and its busy share (its steps' time over the run's duration)."""
+    out = []
+    by_replica = requests["replica"].to_numpy()
+    step_replica = steps["replica"].to_numpy() if "replica" in steps.columns else None
+    for k, st in enumerate(stats):
+        mine = requests[by_replica == k]
+        done = mine[mine["status"] == "completed"]
+        durations = steps["duration_s"].to_numpy()
+        if step_replica is not None:
+            durations = durations[step_replica == k]
+        busy = float(durations.sum())
+        ttft = WeightedSamples.of(done["ttft_ms"].to_numpy()).finite()
+        p50, p90 = (float(x) for x in ttft.percentile([50, 90])) if ttft.size else (None, None)
+        out.append(
+            {
+                "replica": k,
+                "requests": len(mine),
+                "completed": len(done),
+                "rejected": int((mine["status"] == "rejected").sum()),
+                "request_throughput": len(done) / duration_s if duration_s > 0 else 0.0,
+                "output_throughput": (
+                    float(done["output_tokens"].sum()) / duration_s if duration_s > 0 else 0.0
+                ),
+                "ttft_ms": {"p50": p50, "p90": p90},
+                "prefix_hit_rate": st.prefix_hit_rate,
+                "busy_share": busy / duration_s if duration_s > 0 else 0.0,
+            }
+        )
+    return out
+
+
+def router_summary(router: Router) -> dict[str, Any]:
+    """The policy, its decisions by reason, and what is still open (0 after a full replay)."""
+    return {
+        "policy": router.config.policy,
+        "load": router.config.load,
+        "decisions": dict(sorted(router.decisions.items())),
+        "outstanding": router.outstanding,
+    }
