@@ -6,11 +6,12 @@ Side by side (the speed figures of ``reports/sim_replay_speed.md``)::
         --json reports/sim_replay_speed.json
 
 exports the baseline commit with ``git archive`` into a temporary folder, then
-runs the whole command ``python -m lab.cli.sim replay TRACE --out DIR`` of the
-baseline and of this working tree alternately (same interpreter, same
-packages), ``--repeats`` times each, and records each run's wall time and peak
-resident memory (the child's ``ru_maxrss``). Speed is the ratio of medians
-measured in this one run, since the machine's speed varies from run to run.
+runs the whole command ``python -m lab.cli.sim replay TRACE --out DIR``
+(``sim.cli`` in trees from before the layers) of the baseline and of this
+working tree alternately (same interpreter, same packages), ``--repeats``
+times each, and records each run's wall time and peak resident memory (the
+child's ``ru_maxrss``). Speed is the ratio of medians measured in this one
+run, since the machine's speed varies from run to run.
 The two ``requests.csv`` files must have the same rows, statuses and token
 counts; whether their times agree within ``TIME_TOLERANCE_S`` is recorded
 (``times_agree``: they do not when the default CPU costs changed in between).
@@ -56,9 +57,14 @@ def export_commit(rev: str, dest: Path) -> str:
     return sha
 
 
+def sim_module(tree: Path) -> str:
+    """The module of the ``sim`` command in ``tree`` (``sim.cli`` before it moved to ``lab``)."""
+    return "lab.cli.sim" if (tree / "lab" / "cli" / "sim.py").is_file() else "sim.cli"
+
+
 def timed_replay(tree: Path, trace: Path, out: Path, extra: list[str]) -> dict[str, float]:
     """Run the tree's whole ``sim replay`` command; its wall time and peak RSS."""
-    cmd = [sys.executable, "-m", "lab.cli.sim", "replay", str(trace), "--out", str(out),
+    cmd = [sys.executable, "-m", sim_module(tree), "replay", str(trace), "--out", str(out),
            "--no-progress", *extra]  # fmt: skip
     env = {**os.environ, "PYTHONPATH": str(tree)}
     start = time.perf_counter()
