@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-from serving_load import scrape, served, stream_completion, wait_idle
+from serving_load import scrape, served, stream_completion, wait_idle, write_runs
 
 PROMPT = "{i}: write a long story about the sea, the wind and a lighthouse keeper."
 
@@ -76,9 +76,7 @@ def main() -> int:
         for reserve in (False, True):
             runs.append(one_run(args, reserve))
             print(json.dumps(runs[-1]), file=sys.stderr)
-    out = {"command": "python " + " ".join(sys.argv), "runs": runs}
-    args.out.write_text(json.dumps(out, indent=2) + "\n")
-    print(f"wrote {args.out}")
+    write_runs(args.out, runs)
     return 0
 
 

@@ -31,9 +31,7 @@ import gc
 import json
 import os
 import random
-import signal
 import statistics
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -44,7 +42,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import bench_gpu_runner
-from bench_gpu_serve import start_server
+from bench_gpu_serve import start_server, stop_server
 from measure_h200_ceilings import copy_bandwidth, matmul_flops
 
 from schema.models import ModelConfig, get_preset
@@ -136,11 +134,7 @@ def serve_variant(args: argparse.Namespace, variant: str, bw: float, peak: float
                 print(json.dumps({"variant": variant, **{k: row[k] for k in list(row)[:8]}}))
                 rows.append(row)
     finally:
-        os.killpg(proc.pid, signal.SIGTERM)
-        try:
-            proc.wait(60)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
+        stop_server(proc)
     out["streams"] = rows
     return out
 

@@ -105,6 +105,15 @@ async def send_all(url: str, model: str, reqs: list[tuple[list[int], int]]) -> t
         return time.perf_counter() - t0, sum(counts)
 
 
+def stop_server(proc: subprocess.Popen[bytes]) -> None:
+    """SIGTERM the server's process group; SIGKILL it if it is still there after 60 s."""
+    os.killpg(proc.pid, signal.SIGTERM)
+    try:
+        proc.wait(60)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+
+
 def start_server(args: argparse.Namespace, log: Path) -> tuple[subprocess.Popen[bytes], str]:
     cmd = [
         sys.executable,
@@ -227,11 +236,7 @@ def main() -> None:
         wall, tokens = asyncio.run(send_all(url, args.model, reqs))
         metrics = httpx.get(url + "/metrics", timeout=10).text
     finally:
-        os.killpg(proc.pid, signal.SIGTERM)
-        try:
-            proc.wait(60)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
+        stop_server(proc)
     tok_s = tokens / wall
     result["engine"] = {
         "wall_s": wall,

@@ -21,7 +21,7 @@ import time
 from pathlib import Path
 
 import httpx
-from serving_load import served
+from serving_load import served, write_runs
 
 BODY = {"prompt": "The capital of France is", "max_tokens": 1, "stream": True}
 WARMUP_ROUNDS = 5
@@ -91,10 +91,7 @@ def main() -> int:
         for _ in range(args.repeats):
             runs.append(measure(url, args.rounds, args.policy))
             print(json.dumps(runs[-1]), file=sys.stderr)
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    out = {"command": "python " + " ".join(sys.argv), "runs": runs}
-    args.out.write_text(json.dumps(out, indent=2) + "\n")
-    print(f"wrote {args.out}")
+    write_runs(args.out, runs)
     return 0
 
 

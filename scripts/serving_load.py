@@ -18,6 +18,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import httpx
 
@@ -138,6 +139,14 @@ def served(*args: str, threads: int = 2) -> Iterator[tuple[subprocess.Popen[str]
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait()
+
+
+def write_runs(path: Path, runs: list[dict[str, Any]]) -> None:
+    """A benchmark's runs as JSON in ``path``, with the command line that made them."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    out = {"command": "python " + " ".join(sys.argv), "runs": runs}
+    path.write_text(json.dumps(out, indent=2) + "\n")
+    print(f"wrote {path}")
 
 
 def wait_idle(url: str, timeout: float = 60.0) -> dict[str, float]:

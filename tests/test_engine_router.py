@@ -58,21 +58,21 @@ def running_router(*args: str) -> Iterator[tuple[subprocess.Popen[str], str]]:
             proc.wait()
 
 
-def routed(url: str) -> dict[str, float]:
-    """``router_requests_routed_total`` by worker URL."""
+def by_worker(url: str, metric: str) -> dict[str, float]:
+    """The router's ``metric`` by worker URL."""
     out = {}
     for line in httpx.get(f"{url}/metrics", timeout=10).text.splitlines():
-        if line.startswith("router_requests_routed_total{"):
+        if line.startswith(metric + "{"):
             out[line.split('"')[1]] = float(line.rsplit(" ", 1)[1])
     return out
+
+
+def routed(url: str) -> dict[str, float]:
+    return by_worker(url, "router_requests_routed_total")
 
 
 def outstanding(url: str) -> dict[str, float]:
-    out = {}
-    for line in httpx.get(f"{url}/metrics", timeout=10).text.splitlines():
-        if line.startswith("router_outstanding_requests{"):
-            out[line.split('"')[1]] = float(line.rsplit(" ", 1)[1])
-    return out
+    return by_worker(url, "router_outstanding_requests")
 
 
 @pytest.fixture(scope="module")

@@ -7,7 +7,6 @@ import logging
 import os
 import signal
 import socket
-import sys
 import threading
 import time
 from collections.abc import Callable
@@ -25,6 +24,7 @@ from engine.launch.launcher import ChildDied, Launcher
 from engine.launch.model_source import ModelSource, resolve_source
 from engine.launch.rundir import make_run_dir, remove_run_dir
 from engine.models.setup import ModelNotFoundError
+from engine.server.logs import configure_logging
 
 log = logging.getLogger("engine.serve")
 LOG_LEVELS = ("debug", "info", "warning", "error")
@@ -194,11 +194,7 @@ def serve_main(argv: list[str] | None = None) -> int:
     """Run the server until SIGINT/SIGTERM or a child dies; returns the exit status."""
     parser = build_parser()
     args = parser.parse_args(argv)
-    logging.basicConfig(
-        level=args.log_level.upper(),
-        format="%(asctime)s frontend %(levelname)s %(name)s: %(message)s",
-        stream=sys.stderr,
-    )
+    configure_logging(args.log_level, "frontend")
     try:
         scheduler_config(args)
     except ValueError as exc:

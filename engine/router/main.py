@@ -15,6 +15,7 @@ import uvicorn
 from core.router import POLICIES, RouterConfig
 from engine.router.app import create_app
 from engine.router.service import HealthCheck, RouterService
+from engine.server.logs import configure_logging, uvicorn_log_config
 
 log = logging.getLogger("engine.router")
 CONFIG_FLAGS = (
@@ -110,11 +111,7 @@ def router_main(argv: list[str]) -> int:
     """Run the router until SIGTERM/SIGINT; returns the exit status."""
     parser = build_parser()
     args = parser.parse_args(argv)
-    logging.basicConfig(
-        level=args.log_level.upper(),
-        format="%(asctime)s router %(levelname)s %(name)s: %(message)s",
-        stream=sys.stderr,
-    )
+    configure_logging(args.log_level, "router")
     logging.getLogger("httpx").setLevel(logging.WARNING)
     try:
         workers = [worker_url(w) for w in args.worker]
@@ -137,7 +134,13 @@ def router_main(argv: list[str]) -> int:
         print(f"engine router ({config.policy}) at http://{host}:{port}", flush=True)
 
     app = create_app(service, on_ready=ready)
-    uv = uvicorn.Config(app, log_level="warning", timeout_graceful_shutdown=2, lifespan="on")
+    uv = uvicorn.Config(
+        app,
+        log_level="warning",
+        timeout_graceful_shutdown=2,
+        lifespan="on",
+        log_config=uvicorn_log_config(),
+    )
     server = DrainingServer(uv, service, args.drain_timeout)
 
     async def run() -> None:
