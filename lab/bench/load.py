@@ -26,10 +26,10 @@ class BenchRun:
     max_send_lag_s: float
 
 
-async def warm_up(client: httpx.AsyncClient, target: Target, prompt: str, count: int) -> None:
-    """``count`` short requests, one after the other, before the clock starts (not recorded);
-    an error here means the server cannot be benchmarked."""
-    for i in range(count):
+async def warm_up(client: httpx.AsyncClient, target: Target, prompts: list[str]) -> None:
+    """One short request per prompt, one after the other, before the clock starts (not
+    recorded); an error here means the server cannot be benchmarked."""
+    for i, prompt in enumerate(prompts):
         req = TraceRequest(rid=f"warmup-{i}", arrival=0.0, input_length=0, output_length=4)
         record = await send(client, target, req, prompt, time.perf_counter())
         if record.status != "completed":
@@ -37,17 +37,21 @@ async def warm_up(client: httpx.AsyncClient, target: Target, prompt: str, count:
 
 
 async def replay(
-    trace: Trace, target: Target, prompts: list[str], progress: bool = True, warmup: int = 1
+    trace: Trace,
+    target: Target,
+    prompts: list[str],
+    warmup: list[str],
+    progress: bool = True,
 ) -> BenchRun:
     """Send request i at ``trace.requests[i].arrival`` seconds after the start (never
     earlier; the largest delay is ``max_send_lag_s``), each on its own connection, after
-    ``warmup`` requests with the first prompt."""
+    one untimed request per ``warmup`` prompt (prompts no measured request shares)."""
     limits = httpx.Limits(max_connections=None, max_keepalive_connections=None)
     timeout = httpx.Timeout(None, connect=60.0)
     bar = tqdm(total=len(trace.requests), unit="req", desc="bench", file=sys.stderr,
                disable=not progress, mininterval=1.0)  # fmt: skip
     async with httpx.AsyncClient(timeout=timeout, limits=limits) as client:
-        await warm_up(client, target, prompts[0], warmup)
+        await warm_up(client, target, warmup)
         clock0, epoch0 = time.perf_counter(), time.time()
         tasks = []
         for req, prompt in zip(trace.requests, prompts, strict=True):

@@ -43,7 +43,13 @@ def build_parser() -> argparse.ArgumentParser:
         default="auto",
         help="ask for this engine's stage timestamps (auto: when the server is this engine)",
     )
-    p.add_argument("--warmup", type=int, default=1, help="untimed requests sent first")
+    p.add_argument(
+        "--warmup",
+        type=int,
+        default=1,
+        help="untimed requests sent first, with prompts of their own (as long as the first "
+        "request's) that no measured request shares",
+    )
     p.add_argument(
         "--prompt-salt",
         help="seed prefix of the prompt texts (default: a fresh one, so that no run finds an "

@@ -49,7 +49,9 @@ def run_bench(
     import pandas as pd
 
     prompts = [maker.text(r) for r in trace.requests]
-    run = asyncio.run(replay(trace, target, prompts, progress, warmup))
+    first = trace.requests[0].input_length if trace.requests else 1
+    warm = [maker.warmup_text(i, first) for i in range(warmup)]
+    run = asyncio.run(replay(trace, target, prompts, warm, progress))
     requests = request_frame(run.records, run.epoch0)
     steps = step_frame(run.records, run.epoch0)
     itl = WeightedSamples.of(itl_seconds(run.records))
