@@ -35,12 +35,13 @@ from typing import TYPE_CHECKING, Any
 from core.scheduler.options import add_scheduler_flags
 from lab.outputs import write_outputs
 from lab.validate.compare import compare, format_comparison, ttft_parts
-from lab.validate.revalidate import profile_dtype, recorded_config, recorded_runs, recorded_trace
+from lab.validate.revalidate import recorded_config, recorded_runs, recorded_trace
 from schema.jsonsafe import json_safe
 from schema.perfetto import TIMELINE_NAME, write_timeline
 from schema.run import RunResult
 from schema.traces import Trace, load_trace
 from sim.config import CONFIG_KEYS, SCHEDULER_KEYS, SimConfig, build_config, read_config_file
+from sim.costs.committed import profile_dtype
 from sim.replay import run_replay
 
 if TYPE_CHECKING:
