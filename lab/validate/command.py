@@ -35,6 +35,7 @@ from typing import TYPE_CHECKING, Any
 from core.scheduler.options import add_scheduler_flags
 from lab.outputs import write_outputs
 from lab.validate.compare import compare, format_comparison, ttft_parts
+from lab.validate.regime import regimes
 from lab.validate.revalidate import recorded_config, recorded_runs, recorded_trace
 from schema.jsonsafe import json_safe
 from schema.perfetto import TIMELINE_NAME, write_timeline
@@ -172,6 +173,7 @@ def cmd_validate(args: argparse.Namespace) -> int:
     sim = run_sim(args, trace, config)
     comparison = compare(summaries, sim.summary)
     comparison["ttft_parts"] = ttft_parts(frames, sim.requests)
+    comparison["regime"] = regimes(frames, sim.requests)
     comparison["run"] = record | {
         "profile": args.profile,
         "sim_config": config.to_dict(),
