@@ -55,6 +55,13 @@ def build_parser() -> argparse.ArgumentParser:
         help="seed prefix of the prompt texts (default: a fresh one, so that no run finds an "
         "earlier run's prompts in the server's prefix cache; given, runs repeat exactly)",
     )
+    p.add_argument(
+        "--gc-freeze",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="freeze the load generator's heap out of garbage collection after the warm-up, so "
+        "that no full collection stalls its event loop mid-run (default: on)",
+    )
     p.add_argument("--slo-ttft-ms", type=float)
     p.add_argument("--slo-tpot-ms", type=float)
     p.add_argument("--timeline", action="store_true", help=f"also write {TIMELINE_NAME}")
@@ -113,6 +120,7 @@ def bench_main(argv: list[str] | None = None) -> int:
             slo_ttft_ms=args.slo_ttft_ms,
             slo_tpot_ms=args.slo_tpot_ms,
             config=config,
+            gc_freeze=args.gc_freeze,
         )
     except (TraceError, ValueError, OSError) as exc:
         print(f"engine bench: error: {exc}", file=sys.stderr)
