@@ -79,4 +79,5 @@ def test_comparison_keeps_every_run_s_regime() -> None:
                for m in ("ttft_ms", "tpot_ms", "itl_ms", "e2e_ms")}  # fmt: skip
     summary |= {"request_throughput": 1.0, "output_throughput": 1.0}
     comparison = compare([summary], summary) | {"regime": out}
-    assert "regime: real run: overloaded [overloaded (growth +0.50" in format_comparison(comparison)
+    text = format_comparison(comparison)
+    assert "regime: real run: overloaded [overloaded (growth +0.500, waiting " in text

@@ -99,7 +99,7 @@ def describe(regime: dict[str, Any]) -> str:
     def one(r: dict[str, Any]) -> str:
         if r["regime"] is None:
             return "-"
-        return f"{r['regime']} (growth {r['growth']:+.2f}, waiting {r['mean_waiting']:.2f})"
+        return f"{r['regime']} (growth {r['growth']:+.3f}, waiting {r['mean_waiting']:.2f})"
 
     runs = "; ".join(one(r) for r in regime["real_runs"])
     return f"real run: {regime['real'] or '-'} [{runs}]; simulated: {one(regime['sim'])}"
