@@ -8,6 +8,12 @@ context):
 
     kv bytes per GPU = hbm * gpu_memory_fraction - weight bytes / tp
     num_pages        = kv bytes per GPU // (page_size * KV bytes per token per GPU)
+
+Step times: ``build_config`` (every command) prices steps with the ``table``
+model of the committed profile of the model on the hardware
+(``sim.costs.committed``) unless a profile or a cost model is asked for, and
+with the ``roofline`` when no such profile is committed;
+``cost_model_by_default`` records that choice.
 """
 
 from __future__ import annotations
@@ -23,7 +29,9 @@ from core.router import RouterConfig
 from core.router.options import ROUTER_KEYS, pop_router_config, router_keys
 from core.scheduler import POLICIES, SchedulerConfig
 from sim.costs import CostSpec, Profile
+from sim.costs.committed import committed_profile
 from sim.costs.presets import DTYPE_BYTES, hardware, model_shape
+from sim.costs.profile import display_path
 
 SECTIONS = ("scheduler", "model", "costs", "pipeline")
 SCHEDULER_KEYS = frozenset(f.name for f in fields(SchedulerConfig))
@@ -46,6 +54,7 @@ class SimConfig:
     # costs
     cost_model: str = "roofline"
     profile: str | None = None
+    cost_model_by_default: bool = False  # build_config chose cost_model and profile, unasked
     cpu_profile: str | None = None  # None: the committed profiles/cpu_costs.csv
     # pipeline
     num_tokenizers: int = 1
@@ -126,6 +135,15 @@ class SimConfig:
     def cost_spec(self, profile: Profile | None) -> CostSpec:
         return CostSpec(self.model, self.hardware, self.tp, self.dtype, self.kv_dtype, profile)
 
+    def cost_model_choice(self) -> str:
+        """How the step-time model was chosen, in words (the summary's ``cost_model.chosen``)."""
+        if not self.cost_model_by_default:
+            return "as requested"
+        what = f"{self.model} on {self.hardware}, tp {self.tp}, {self.dtype}"
+        if self.profile:
+            return f"by default: the committed profile of {what} (the roofline on request)"
+        return f"by default: no profile of {what} is committed, so the roofline"
+
     def to_dict(self) -> dict[str, Any]:
         """Flat keys, as a config file gives them, and the page count they resolve to."""
         out = asdict(self)
@@ -165,14 +183,31 @@ def build_config(file: Path | str | None = None, /, **overrides: Any) -> SimConf
     """Defaults, then ``file``, then the ``overrides`` that are not None."""
     values: dict[str, Any] = read_config_file(file) if file is not None else {}
     values.update({k: v for k, v in overrides.items() if v is not None})
-    if values.get("profile") and "cost_model" not in values:
-        values["cost_model"] = "table"
+    if values.get("profile"):
+        values.setdefault("cost_model", "table")
+    elif values.get("cost_model", "table") == "table":
+        _default_costs(values)
     return SimConfig.from_flat(**values)
 
 
+def _default_costs(values: dict[str, Any]) -> None:
+    """Neither a profile nor the roofline asked for: the committed profile of the model on the
+    hardware, else (unless the ``table`` model was asked for, an error later) the roofline."""
+    keys = ("model", "hardware", "tp", "dtype", "kv_dtype")
+    defaults = {f.name: f.default for f in fields(SimConfig) if f.name in keys}
+    path = committed_profile(*(values.get(k, defaults[k]) for k in keys))
+    if path is not None:
+        values.update(cost_model="table", profile=display_path(path))
+    elif "cost_model" in values:
+        return
+    values.setdefault("cost_model", "roofline")
+    values["cost_model_by_default"] = True
+
+
 CONFIG_KEYS = (
-    frozenset(f.name for f in fields(SimConfig) if f.name != "scheduler")
+    frozenset(f.name for f in fields(SimConfig)) - {"scheduler", "router", "cost_model_by_default"}
     | SCHEDULER_KEYS
     | ROUTER_KEYS.keys()
 )
-"""The keys of a config file (and of ``build_config``): flat, scheduler settings included."""
+"""The keys of a config file (and of ``build_config``): flat, scheduler and router settings
+included; not ``cost_model_by_default``, which only ``build_config`` sets."""

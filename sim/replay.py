@@ -137,7 +137,7 @@ def run_replay(
         slo_tpot_ms=config.slo_tpot_ms,
     )
     summary["config"] = config.to_dict()
-    summary["cost_model"] = gpu.describe()
+    summary["cost_model"] = gpu.describe() | {"chosen": config.cost_model_choice()}
     summary["cpu_costs"] = cpu.describe()
     summary["trace"] = trace.describe()
     summary["fast_forward"] = fast_forward

@@ -15,6 +15,7 @@ from conftest import MODEL, Server
 from lab.bench.prompts import PromptMaker, fresh_salt
 from lab.cli.sim import main as sim_main
 from lab.profile.main import profile_main
+from lab.validate.regime import REGIMES
 from schema.traces import TraceRequest, generate
 from sim.costs import TableCostModel, load_cpu_costs, read_profile
 from sim.costs.base import CpuCosts
@@ -103,7 +104,9 @@ def test_completions_carry_stage_timestamps_on_request(server: Server) -> None:
     assert "meta_info" not in httpx.post(url, json=body, timeout=60).json()
 
 
-def test_sim_validate_end_to_end(server: Server, profile: Path, tmp_path: Path) -> None:
+def test_sim_validate_end_to_end(
+    server: Server, profile: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     trace = tmp_path / "short.jsonl"
     generate(trace, arrival="poisson", rate=4.0, input_spec="uniform:8:64",
              output_spec="uniform:2:8", num=6, seed=11)  # fmt: skip
@@ -122,6 +125,9 @@ def test_sim_validate_end_to_end(server: Server, profile: Path, tmp_path: Path) 
         e = comparison["ttft_parts"][part]["p50"]
         assert e["real"] > 0 and e["sim"] > 0 and len(e["real_runs"]) == 2
     assert comparison["run"]["sim_config"]["num_pages"] == 1024  # read from /metrics
+    regime = comparison["regime"]
+    assert len(regime["real_runs"]) == 2 and regime["real"] in REGIMES
+    assert regime["sim"]["regime"] in REGIMES and "regime: real run: " in capsys.readouterr().out
     again = tmp_path / "again"  # the recorded real runs, simulated again without the server
     args = ["validate", str(trace), "--real-from", str(out), "--profile", str(profile),
             "--out", str(again), "--no-progress"]  # fmt: skip

@@ -24,15 +24,17 @@ class SocketAddr:
 class ServeConfig(msgspec.Struct, kw_only=True):
     """Everything the children need, written as JSON into the run directory.
 
-    ``model`` is the name clients use; ``model_path`` is the HF folder it
-    resolved to, or a preset name (dummy weights). ``tokenizer_path`` is the HF
-    folder of the tokenizer, chat template and ``eos_token_ids``; ``vocab_size``
-    the model's vocabulary, of which sampling draws only the first
-    ``vocab_limit`` ids (None: all). ``max_model_len`` bounds prompt plus output
-    tokens. ``max_queued`` bounds the requests waiting for their first token
-    (None: unbounded), ``request_timeout`` the seconds a request may take
-    (None: no limit), ``drain_timeout`` the seconds SIGTERM lets open requests
-    finish (0: stop at once). A request body over ``max_request_bytes`` is a 413.
+        ``model`` is the name clients use; ``model_path`` is the HF folder it
+        resolved to, or a preset name (dummy weights). ``tokenizer_path`` is the HF
+        folder of the tokenizer, chat template and ``eos_token_ids``; ``vocab_size``
+        the model's vocabulary, of which sampling draws only the first
+        ``vocab_limit`` ids (None: all). ``max_model_len`` bounds prompt plus output
+        tokens. ``max_queued`` bounds the requests waiting for their first token
+        (None: unbounded), ``request_timeout`` the seconds a request may take
+        (None: no limit), ``drain_timeout`` the seconds SIGTERM lets open requests
+        finish (0: stop at once). A request body over ``max_request_bytes`` is a 413.
+    With ``gc_freeze`` every process freezes its heap once it is ready
+    (``engine.ipc.heap``).
     """
 
     model: str
@@ -64,6 +66,7 @@ class ServeConfig(msgspec.Struct, kw_only=True):
     seed: int = 0
     dist_init: str = ""
     log_level: str = "info"
+    gc_freeze: bool = True  # freeze each process's start-up heap (engine.ipc.heap)
 
     @property
     def overlap_on(self) -> bool:

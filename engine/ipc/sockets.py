@@ -13,6 +13,7 @@ import zmq
 
 from engine.ipc import messages
 from engine.ipc.config import ServeConfig
+from engine.ipc.heap import freeze_heap
 
 SIGNAL_CHECK_MS = 500
 
@@ -47,7 +48,10 @@ def open_sockets(
 
 
 def report_ready(cfg: ServeConfig, ctx: Context, role: str, rank: int, **info: object) -> None:
-    """Tell the launcher this child is ready to serve."""
+    """Tell the launcher this child is ready to serve, its start-up heap frozen first
+    (``cfg.gc_freeze``)."""
+    if cfg.gc_freeze:
+        freeze_heap()
     sock = ctx.socket(zmq.PUSH)
     sock.setsockopt(zmq.LINGER, 2000)
     sock.connect(cfg.ready_addr)

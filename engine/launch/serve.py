@@ -118,6 +118,13 @@ def build_parser() -> argparse.ArgumentParser:
         help="on SIGTERM, seconds open requests may take to finish while new ones get 503 "
         "(0: stop at once)",
     )
+    p.add_argument(
+        "--gc-freeze",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="freeze each process's start-up heap out of the garbage collector's scans once it "
+        "is ready, so that a full collection does not stall serving (default: on)",
+    )
     p.add_argument("--cpu-threads", type=positive_int, default=None, help="torch threads per rank")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--ready-timeout", type=float, default=600.0)
@@ -176,6 +183,7 @@ def make_config(
         seed=args.seed,
         dist_init=f"tcp://127.0.0.1:{free_tcp_port()}" if args.tp > 1 else "",
         log_level=args.log_level,
+        gc_freeze=args.gc_freeze,
     )
 
 

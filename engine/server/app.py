@@ -13,6 +13,7 @@ from starlette.exceptions import HTTPException
 from starlette.requests import Request
 
 from engine.ipc.config import ServeConfig
+from engine.ipc.heap import freeze_heap
 from engine.server import native, openai_api
 from engine.server.context import ServerContext
 from engine.server.errors import APIError, ClientGone, error_body, error_response
@@ -33,6 +34,8 @@ def create_app(cfg: ServeConfig, health: Callable[[], str | None]) -> FastAPI:
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         await frontend.start()
+        if cfg.gc_freeze:
+            freeze_heap()
         try:
             yield
         finally:

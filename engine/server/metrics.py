@@ -9,6 +9,7 @@ gap between consecutive tokens, queue time = first scheduled - received, E2E
 
 from __future__ import annotations
 
+import gc
 from collections.abc import Callable
 from typing import Any, TypeVar
 
@@ -81,6 +82,13 @@ class ServerMetrics:
             "Generated tokens of finished requests",
             buckets=TOKEN_BUCKETS,
         )
+        gc_frozen = self._metric(
+            Gauge,
+            "engine_gc_frozen_objects",
+            "Objects of the frontend process frozen out of garbage collection after start-up "
+            "(0 with --no-gc-freeze)",
+        )
+        gc_frozen.set_function(gc.get_freeze_count)
         self._last_stats: messages.StatsUpdate | None = None
 
     def _metric(self, kind: type[M], name: str, help_: str, **kwargs: Any) -> M:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import gc
 import sys
 import time
 from dataclasses import dataclass
@@ -10,6 +11,7 @@ from dataclasses import dataclass
 import httpx
 from tqdm import tqdm
 
+from engine.ipc.heap import freeze_heap
 from lab.bench.client import RequestRecord, Target, send
 from lab.bench.server import ServerError
 from schema.traces.record import Trace, TraceRequest
@@ -18,18 +20,20 @@ from schema.traces.record import Trace, TraceRequest
 @dataclass(frozen=True, slots=True)
 class BenchRun:
     """Records in trace order; ``epoch0`` is the wall-clock time (``time.time()``) of the
-    benchmark clock's zero, which maps server timestamps onto it."""
+    benchmark clock's zero, which maps server timestamps onto it; ``gc_frozen`` the objects
+    frozen out of garbage collection for the measured part (0: not frozen)."""
 
     records: list[RequestRecord]
     epoch0: float
     wall_s: float
     max_send_lag_s: float
+    gc_frozen: int
 
 
-async def warm_up(client: httpx.AsyncClient, target: Target, prompt: str, count: int) -> None:
-    """``count`` short requests, one after the other, before the clock starts (not recorded);
-    an error here means the server cannot be benchmarked."""
-    for i in range(count):
+async def warm_up(client: httpx.AsyncClient, target: Target, prompts: list[str]) -> None:
+    """One short request per prompt, one after the other, before the clock starts (not
+    recorded); an error here means the server cannot be benchmarked."""
+    for i, prompt in enumerate(prompts):
         req = TraceRequest(rid=f"warmup-{i}", arrival=0.0, input_length=0, output_length=4)
         record = await send(client, target, req, prompt, time.perf_counter())
         if record.status != "completed":
@@ -37,27 +41,41 @@ async def warm_up(client: httpx.AsyncClient, target: Target, prompt: str, count:
 
 
 async def replay(
-    trace: Trace, target: Target, prompts: list[str], progress: bool = True, warmup: int = 1
+    trace: Trace,
+    target: Target,
+    prompts: list[str],
+    warmup: list[str],
+    progress: bool = True,
+    gc_freeze: bool = True,
 ) -> BenchRun:
     """Send request i at ``trace.requests[i].arrival`` seconds after the start (never
     earlier; the largest delay is ``max_send_lag_s``), each on its own connection, after
-    ``warmup`` requests with the first prompt."""
+    one untimed request per ``warmup`` prompt (prompts no measured request shares). With
+    ``gc_freeze`` the heap is frozen out of garbage collection after the warm-up
+    (``engine.ipc.heap``), so that no full collection stalls the event loop mid-run, and
+    unfrozen at the end."""
     limits = httpx.Limits(max_connections=None, max_keepalive_connections=None)
     timeout = httpx.Timeout(None, connect=60.0)
     bar = tqdm(total=len(trace.requests), unit="req", desc="bench", file=sys.stderr,
                disable=not progress, mininterval=1.0)  # fmt: skip
     async with httpx.AsyncClient(timeout=timeout, limits=limits) as client:
-        await warm_up(client, target, prompts[0], warmup)
-        clock0, epoch0 = time.perf_counter(), time.time()
-        tasks = []
-        for req, prompt in zip(trace.requests, prompts, strict=True):
-            delay = req.arrival - (time.perf_counter() - clock0)
-            if delay > 0:
-                await asyncio.sleep(delay)
-            task = asyncio.create_task(send(client, target, req, prompt, clock0))
-            task.add_done_callback(lambda _: bar.update(1))
-            tasks.append(task)
-        records = list(await asyncio.gather(*tasks))
+        await warm_up(client, target, warmup)
+        frozen = freeze_heap() if gc_freeze else 0
+        try:
+            clock0, epoch0 = time.perf_counter(), time.time()
+            tasks = []
+            for req, prompt in zip(trace.requests, prompts, strict=True):
+                delay = req.arrival - (time.perf_counter() - clock0)
+                if delay > 0:
+                    await asyncio.sleep(delay)
+                task = asyncio.create_task(send(client, target, req, prompt, clock0))
+                task.add_done_callback(lambda _: bar.update(1))
+                tasks.append(task)
+            records = list(await asyncio.gather(*tasks))
+            wall_s = time.perf_counter() - clock0
+        finally:
+            if frozen:
+                gc.unfreeze()
     bar.close()
     lag = max((r.sent - r.scheduled for r in records), default=0.0)
-    return BenchRun(records, epoch0, time.perf_counter() - clock0, lag)
+    return BenchRun(records, epoch0, wall_s, lag, frozen)

@@ -43,11 +43,24 @@ def build_parser() -> argparse.ArgumentParser:
         default="auto",
         help="ask for this engine's stage timestamps (auto: when the server is this engine)",
     )
-    p.add_argument("--warmup", type=int, default=1, help="untimed requests sent first")
+    p.add_argument(
+        "--warmup",
+        type=int,
+        default=1,
+        help="untimed requests sent first, with prompts of their own (as long as the first "
+        "request's) that no measured request shares",
+    )
     p.add_argument(
         "--prompt-salt",
         help="seed prefix of the prompt texts (default: a fresh one, so that no run finds an "
         "earlier run's prompts in the server's prefix cache; given, runs repeat exactly)",
+    )
+    p.add_argument(
+        "--gc-freeze",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="freeze the load generator's heap out of garbage collection after the warm-up, so "
+        "that no full collection stalls its event loop mid-run (default: on)",
     )
     p.add_argument("--slo-ttft-ms", type=float)
     p.add_argument("--slo-tpot-ms", type=float)
@@ -107,6 +120,7 @@ def bench_main(argv: list[str] | None = None) -> int:
             slo_ttft_ms=args.slo_ttft_ms,
             slo_tpot_ms=args.slo_tpot_ms,
             config=config,
+            gc_freeze=args.gc_freeze,
         )
     except (TraceError, ValueError, OSError) as exc:
         print(f"engine bench: error: {exc}", file=sys.stderr)

@@ -12,7 +12,10 @@ its own (a BOS) are counted in the length.
 
 Every seed starts with the maker's ``salt``: runs with different salts share no
 prompt text, so a run never finds the prompts of an earlier run in the
-server's prefix cache (``engine bench`` draws a fresh salt per run).
+server's prefix cache (``engine bench`` draws a fresh salt per run). Warm-up
+prompts are drawn from seeds of their own (``warmup N``), which no block or
+request seed uses, so the warm-up leaves nothing in the cache that a measured
+request could hit.
 """
 
 from __future__ import annotations
@@ -61,6 +64,11 @@ class PromptMaker:
         if len(words) < need:
             words += self._draw(f"request {req.rid}", need - len(words))
         return "".join(words)
+
+    def warmup_text(self, index: int, length: int) -> str:
+        """Warm-up prompt ``index``: ``length`` tokens (at least one word) that share no
+        prefix with any measured prompt of this maker."""
+        return "".join(self._draw(f"warmup {index}", max(length - self.added, 1)))
 
 
 def one_token_words(tokenizer: Any) -> list[str]:

@@ -44,12 +44,15 @@ def run_bench(
     slo_ttft_ms: float | None = None,
     slo_tpot_ms: float | None = None,
     config: dict[str, Any] | None = None,
+    gc_freeze: bool = True,
 ) -> RunResult:
     """Replay ``trace`` against ``target``; the result in ``sim replay``'s schema."""
     import pandas as pd
 
     prompts = [maker.text(r) for r in trace.requests]
-    run = asyncio.run(replay(trace, target, prompts, progress, warmup))
+    first = trace.requests[0].input_length if trace.requests else 1
+    warm = [maker.warmup_text(i, first) for i in range(warmup)]
+    run = asyncio.run(replay(trace, target, prompts, warm, progress, gc_freeze))
     requests = request_frame(run.records, run.epoch0)
     steps = step_frame(run.records, run.epoch0)
     itl = WeightedSamples.of(itl_seconds(run.records))
@@ -79,6 +82,7 @@ def run_bench(
         "max_send_lag_ms": run.max_send_lag_s * 1e3,
         "prompt_length_mismatches": off,
         "server_timestamps": target.meta_info,
+        "gc_frozen_objects": run.gc_frozen,
     }
     summary["wall_s"] = run.wall_s
     queues = pd.DataFrame(columns=list(QUEUE_COLUMNS))

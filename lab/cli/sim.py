@@ -24,7 +24,12 @@ def _replay_args(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> No
     p.add_argument("--out", type=Path, required=True, help="output directory")
     p.add_argument("--config", type=Path, help="JSON or TOML config file")
     p.add_argument("--profile", help="profile CSV (implies --cost-model table)")
-    p.add_argument("--cost-model", choices=sorted(COST_MODELS))
+    p.add_argument(
+        "--cost-model",
+        choices=sorted(COST_MODELS),
+        help="default: table, fitted to the committed profile of the model on the hardware "
+        "(profiles/HARDWARE_MODEL[_tpN].csv) when there is one, else roofline",
+    )
     p.add_argument("--model", help="model preset (llama-3.1-8b, qwen3-0.6b, smollm2-135m)")
     p.add_argument("--tp", type=int, help="tensor-parallel degree")
     p.add_argument("--num-tokenizers", type=int)
@@ -100,6 +105,7 @@ def format_summary(summary: dict[str, Any]) -> str:
     lines = [
         f"trace        {summary['trace']['path']} ({summary['num_requests']} requests)",
         f"cost model   {cm['name']} (profile: {cm['profile'] or 'none'})",
+        f"chosen       {cm.get('chosen', 'as requested')}",
         f"provenance   {cm['provenance']}",
         f"cpu costs    {summary['cpu_costs']['source']}",
         f"completed    {summary['completed']}   rejected {summary['rejected']}",

@@ -91,6 +91,8 @@ def header_html(
     provenance = str(cost.get("name") or "")
     if cost.get("profile"):
         provenance += f", profile {cost['profile']}"
+    if cost.get("chosen"):
+        provenance += f" ({cost['chosen']})"
     if cost.get("provenance"):
         provenance += f": {cost['provenance']}"
     if len(provenance) > MAX_HEADER_PROVENANCE:

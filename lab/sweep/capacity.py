@@ -40,14 +40,18 @@ MIN_SCALE = 1.0 / 1024
 
 
 @dataclass(slots=True)
-class Search:
-    """One configuration's bisection: the probes so far and the bracket they give."""
+class Bracket:
+    """A bisection over the rate scale (the module docstring's steps 1 and 2): the row of
+    every scale probed so far and the bracket they give. ``sim capacity`` probes with
+    replays, ``sim validate --capacity`` with runs on the real engine (a row needs
+    ``status``, ``slo_attainment`` and ``error``)."""
 
-    probe: Probe  # at rate scale 1; each step copies it at another scale
     lo: float | None = None  # highest passing scale
     hi: float | None = None  # lowest failing scale
     rows: dict[float, dict[str, Any]] = field(default_factory=dict)
     error: str = ""
+    min_scale: float = MIN_SCALE  # the bracket stops halving here
+    max_scale: float = MAX_SCALE  # and doubling here
 
     def next_scale(self, tolerance: float) -> float | None:
         """The next scale to probe, or None when the search is over."""
@@ -57,9 +61,9 @@ class Search:
         if lo is None and hi is None:
             return 1.0
         if lo is None:
-            return None if hi is None or hi <= MIN_SCALE else hi / 2
+            return None if hi is None or hi <= self.min_scale else hi / 2
         if hi is None:
-            return None if lo >= MAX_SCALE else lo * 2
+            return None if lo >= self.max_scale else lo * 2
         return None if hi / lo <= 1 + tolerance else math.sqrt(lo * hi)
 
     def record(self, scale: float, row: dict[str, Any], attainment: float) -> None:
@@ -70,6 +74,14 @@ class Search:
             self.lo = scale if self.lo is None else max(self.lo, scale)
         else:
             self.hi = scale if self.hi is None else min(self.hi, scale)
+
+
+@dataclass(slots=True)
+class Search(Bracket):
+    """One configuration's bisection in ``sim capacity``: its probe at rate scale 1, which
+    each step copies at another scale."""
+
+    probe: Probe = field(kw_only=True)
 
 
 def probe_at(probe: Probe, scale: float, trace_digest: str, limit: int | None) -> Probe:
@@ -92,7 +104,7 @@ def search_capacity(
     progress: bool = True,
 ) -> list[Search]:
     """Bisect every configuration of ``plan`` (its probes' rate scales are ignored)."""
-    searches = [Search(p) for p in plan.probes]
+    searches = [Search(probe=p) for p in plan.probes]
     for round_no in range(1, 1000):
         steps: list[tuple[Search, float]] = []
         for s in searches:

@@ -9,6 +9,8 @@ running, reported through ``on_crash(task, message)``; the rest go on.
 
 - ``LocalPool(jobs)``: ``jobs`` spawned worker processes on this machine
   (default: all cores), at most ``jobs`` tasks in flight.
+- ``Serial()``: every task in this process, one after the other (one search of
+  a handful of short replays, where a pool's start-up would cost more).
 - ``RayExecutor(address, jobs)``: a local Ray runtime when ``address`` is None
   (``jobs`` CPUs), else the cluster at ``address`` (``auto``, ``HOST:PORT`` or
   ``ray://HOST:10001``), whose workers must have this package installed.
@@ -53,6 +55,21 @@ def _init_worker(shared: Any) -> None:
 
 def _call(fn: TaskFn, task: Task) -> Result:
     return fn(_SHARED, task)
+
+
+class Serial:
+    """The tasks in this process, in order (see the module docstring)."""
+
+    name = "serial"
+
+    def run(
+        self, fn: TaskFn, shared: Any, tasks: Sequence[Task], on_crash: CrashFn
+    ) -> Iterator[tuple[int, Result]]:
+        for i, task in enumerate(tasks):
+            yield i, fn(shared, task)
+
+    def close(self) -> None:
+        """Nothing to release."""
 
 
 class LocalPool:

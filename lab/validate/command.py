@@ -18,7 +18,9 @@
 
 With ``--real-from DIR`` instead of ``--url``, steps 1-3 are the runs an
 earlier validation recorded in ``DIR`` (``lab.validate.revalidate``): a new profile
-is checked against the same real runs without a server.
+is checked against the same real runs without a server. With ``--capacity``,
+steps 3-5 are a capacity search on the server and in the simulator
+(``lab.validate.capacity``), written to ``capacity.json``.
 """
 
 from __future__ import annotations
@@ -34,13 +36,16 @@ from typing import TYPE_CHECKING, Any
 
 from core.scheduler.options import add_scheduler_flags
 from lab.outputs import write_outputs
+from lab.validate.capacity import add_capacity_flags, format_capacity, run_capacity
 from lab.validate.compare import compare, format_comparison, ttft_parts
-from lab.validate.revalidate import profile_dtype, recorded_config, recorded_runs, recorded_trace
+from lab.validate.regime import regimes
+from lab.validate.revalidate import recorded_config, recorded_runs, recorded_trace
 from schema.jsonsafe import json_safe
 from schema.perfetto import TIMELINE_NAME, write_timeline
 from schema.run import RunResult
 from schema.traces import Trace, load_trace
 from sim.config import CONFIG_KEYS, SCHEDULER_KEYS, SimConfig, build_config, read_config_file
+from sim.costs.committed import profile_dtype
 from sim.replay import run_replay
 
 if TYPE_CHECKING:
@@ -77,6 +82,7 @@ def add_validate_args(sub: argparse._SubParsersAction[argparse.ArgumentParser]) 
     p.add_argument("--num-tokenizers", type=int, default=1)
     p.add_argument("--no-report", action="store_true", help="skip the HTML reports")
     p.add_argument("--no-progress", action="store_true")
+    add_capacity_flags(p)
     add_scheduler_flags(p)
     p.set_defaults(func=cmd_validate)
 
@@ -157,6 +163,8 @@ def cmd_validate(args: argparse.Namespace) -> int:
         raise ValueError("--repeats must be >= 1")
     if (args.url is None) == (args.real_from is None):
         raise ValueError("give --url (a live server) or --real-from DIR (an earlier validation)")
+    if args.capacity:
+        return validate_capacity(args)
     real: list[RunResult] | None = None
     if args.real_from is not None:
         record, recorded = recorded_runs(args.real_from)
@@ -171,6 +179,7 @@ def cmd_validate(args: argparse.Namespace) -> int:
     sim = run_sim(args, trace, config)
     comparison = compare(summaries, sim.summary)
     comparison["ttft_parts"] = ttft_parts(frames, sim.requests)
+    comparison["regime"] = regimes(frames, sim.requests)
     comparison["run"] = record | {
         "profile": args.profile,
         "sim_config": config.to_dict(),
@@ -186,10 +195,8 @@ def cmd_validate(args: argparse.Namespace) -> int:
     return 0
 
 
-def validate_live(
-    args: argparse.Namespace,
-) -> tuple[Trace, SimConfig, dict[str, Any], list[RunResult]]:
-    """The server's trace slice, the simulator's config, the run record and the real runs."""
+def live_inputs(args: argparse.Namespace) -> tuple[ServerInfo, Trace, SimConfig, dict[str, Any]]:
+    """The server, its trace slice, the simulator's config and the run record so far."""
     from lab.bench.server import server_info
 
     info = server_info(args.url)
@@ -205,13 +212,38 @@ def validate_live(
     if dropped:
         print(f"left out {dropped} requests longer than the server's context", file=sys.stderr)
     args.out.mkdir(parents=True, exist_ok=True)
-    real = run_real(args, trace, info)
     record = {
         "trace": trace.describe(),
         "dropped_requests": dropped,
         "url": info.url,
         "server_model": info.model,
         "repeats": args.repeats,
-        "loadavg_1min": [r.summary["bench"]["loadavg_1min"] for r in real],
     }
+    return info, trace, config, record
+
+
+def validate_live(
+    args: argparse.Namespace,
+) -> tuple[Trace, SimConfig, dict[str, Any], list[RunResult]]:
+    """The server's trace slice, the simulator's config, the run record and the real runs."""
+    info, trace, config, record = live_inputs(args)
+    real = run_real(args, trace, info)
+    record["loadavg_1min"] = [r.summary["bench"]["loadavg_1min"] for r in real]
     return trace, config, record, real
+
+
+def validate_capacity(args: argparse.Namespace) -> int:
+    """``--capacity``: both capacities and their error in ``capacity.json``."""
+    if args.url is None:
+        raise ValueError("--capacity measures a live server: give --url")
+    info, trace, config, record = live_inputs(args)
+    answer = run_capacity(args, trace, config, info)
+    answer["run"] = record | {
+        "profile": args.profile,
+        "sim_config": config.to_dict(),
+        "command": command_line(args),
+    }
+    (args.out / "capacity.json").write_text(json.dumps(json_safe(answer), indent=2) + "\n")
+    print(format_capacity(answer))
+    print(f"\noutputs in {args.out}/")
+    return 0

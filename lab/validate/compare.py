@@ -21,6 +21,10 @@ HTTP, frontend, tokenizer queue and work), ``to_scheduled_ms`` (tokenized to
 first scheduled: the hop to the scheduler and the wait for admission) and
 ``to_first_token_ms`` (first scheduled to the first token at the client:
 prefill steps, detokenization, streaming).
+
+``regime`` says whether each real run (and the simulation) was stable,
+backlogged or overloaded (``lab.validate.regime``): an error measured in one
+regime says nothing of another.
 """
 
 from __future__ import annotations
@@ -29,6 +33,8 @@ import itertools
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
+
+from lab.validate.regime import describe
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -151,4 +157,6 @@ def format_comparison(comparison: dict[str, Any]) -> str:
     t = comparison["targets"]
     verdict = "met" if t["met"] else f"missed on {', '.join(t['missed'])}"
     lines.append(f"targets (|rel err| <= {t['bound']:.0%} on {', '.join(t['keys'])}): {verdict}")
+    if "regime" in comparison:
+        lines.append(f"regime: {describe(comparison['regime'])}")
     return "\n".join(lines)

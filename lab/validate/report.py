@@ -19,6 +19,7 @@ from lab.report.binning import MAX_POINTS, TimeBins, bin_max, bin_mean
 from lab.report.fig_latency import latency_series
 from lab.report.page import Section, figure_div, page_html
 from lab.validate.compare import LATENCIES, STATS, THROUGHPUTS, lookup
+from lab.validate.regime import describe
 from schema.frames import numeric
 from schema.run import RunResult
 
@@ -106,6 +107,7 @@ def write_validation_report(
     runs = _runs(real, sim)
     t = comparison["targets"]
     verdict = "met" if t["met"] else f"missed on {', '.join(t['missed'])}"
+    regime = comparison.get("regime") or {}
     run = comparison.get("run", {})
     header = (
         f"<h1>Validation: {html.escape(Path(str(run.get('trace', {}).get('path', ''))).name)}</h1>"
@@ -113,7 +115,9 @@ def write_validation_report(
         f"{html.escape(str(run.get('profile')))} · {len(real)} real run(s)<br>"
         f"<code>{html.escape(str(run.get('command', '')))}</code></div>"
         f"<div class='verdict'>Targets (|rel err| ≤ {t['bound']:.0%} on "
-        f"{html.escape(', '.join(t['keys']))}): <b>{html.escape(verdict)}</b></div>"
+        f"{html.escape(', '.join(t['keys']))}): <b>{html.escape(verdict)}</b>, in a "
+        f"<b class='regime'>{html.escape(str(regime.get('real') or 'unknown'))}</b> run<br>"
+        f"{html.escape(describe(regime)) if regime else ''}</div>"
     )
     sections = [
         Section(

@@ -21,14 +21,7 @@ import pandas as pd
 
 from schema.traces import Trace, load_trace
 from sim.config import CONFIG_KEYS, SimConfig, build_config
-from sim.costs import read_profile
-
-DTYPES = {"float32": "fp32", "bfloat16": "bf16", "float16": "fp16"}
-"""The simulator's name of a profile's ``dtype``."""
-
-
-def profile_dtype(profile: str) -> str | None:
-    return DTYPES.get(read_profile(profile).provenance.get("dtype", ""))
+from sim.costs.committed import profile_dtype
 
 
 def recorded_runs(folder: Path) -> tuple[dict[str, Any], list[tuple[dict[str, Any], pd.DataFrame]]]:

@@ -1,0 +1,102 @@
+"""The honest default: a committed profile of the model on the hardware prices the steps unless
+the roofline is asked for; the roofline otherwise, and every summary says which and why."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+
+from lab.cli.sim import main
+from lab.sweep.sweep import plan_grid
+from sim.config import build_config
+from sim.costs import ProfileError, read_profile
+from sim.costs.committed import PROFILES_DIR, committed_profile
+from sim.costs.presets import HARDWARE
+
+ROOT = Path(__file__).resolve().parents[1]
+H200 = PROFILES_DIR / "h200_llama-3.1-8b.csv"
+
+
+def test_the_committed_profile_is_the_default() -> None:
+    config = build_config()
+    assert (config.model, config.hardware, config.tp) == ("llama-3.1-8b", "h200", 1)
+    assert config.cost_model == "table" and Path(config.profile or "").resolve() == H200
+    assert config.cost_model_by_default
+    assert config.cost_model_choice().startswith("by default: the committed profile of ")
+    # asking for the table model without a profile picks the same file
+    assert build_config(cost_model="table").profile == config.profile
+
+
+@pytest.mark.parametrize(
+    ("asked", "by_default"),
+    [({"cost_model": "roofline"}, False), ({"tp": 2}, True), ({"dtype": "fp16"}, True),
+     ({"model": "qwen3-0.6b"}, True), ({"kv_dtype": "fp8"}, True)],
+)  # fmt: skip
+def test_the_roofline_on_request_or_without_a_profile(
+    asked: dict[str, object], by_default: bool
+) -> None:
+    config = build_config(**asked)
+    assert config.cost_model == "roofline" and config.profile is None
+    assert config.cost_model_by_default is by_default
+    expected = "by default: no profile of " if by_default else "as requested"
+    assert config.cost_model_choice().startswith(expected)
+
+
+def test_a_given_profile_is_as_requested(tmp_path: Path) -> None:
+    other = ROOT / "profiles" / "cpu-xeon-2core_smollm2-135m_bf16.csv"
+    config = build_config(profile=str(other), model="smollm2-135m")
+    assert config.cost_model == "table" and not config.cost_model_by_default
+    assert config.cost_model_choice() == "as requested"
+
+
+def test_committed_profiles_agree_with_their_names(tmp_path: Path) -> None:
+    found = 0
+    for path in PROFILES_DIR.glob("*.csv"):
+        hardware, _, rest = path.stem.partition("_")
+        if hardware not in HARDWARE:
+            continue
+        model, _, tp = rest.partition("_tp")
+        p = read_profile(path)
+        dtype = {"bfloat16": "bf16", "float16": "fp16", "float32": "fp32"}[p.provenance["dtype"]]
+        assert committed_profile(model, hardware, int(tp or 1), dtype, dtype) == path
+        found += 1
+    assert found >= 1
+    liar = tmp_path / "h200_qwen3-0.6b.csv"  # named for one model, measured on another
+    shutil.copy(H200, liar)
+    with pytest.raises(ProfileError, match=r"named for qwen3-0\.6b at tp 1, but its header says"):
+        committed_profile("qwen3-0.6b", "h200", 1, "bf16", "bf16", folder=tmp_path)
+
+
+def test_replay_names_its_cost_model_and_why(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    trace = ROOT / "traces" / "azure_conv.csv"
+    base = ["replay", str(trace), "--limit", "40", "--no-progress"]
+    assert main([*base, "--out", str(tmp_path / "d")]) == 0
+    report = (tmp_path / "d" / "report.html").read_text()
+    assert "table, profile profiles/h200_llama-3.1-8b.csv (by default: the committed" in report
+    base.append("--no-report")
+    printed = capsys.readouterr().out
+    summary = json.loads((tmp_path / "d" / "summary.json").read_text())
+    cm = summary["cost_model"]
+    assert cm["name"] == "table" and cm["profile"].endswith("h200_llama-3.1-8b.csv")
+    assert cm["chosen"].startswith("by default: the committed profile of llama-3.1-8b on h200")
+    assert summary["config"]["cost_model_by_default"] is True
+    assert "cost model   table (profile: " in printed and "chosen       by default: " in printed
+    assert main([*base, "--cost-model", "roofline", "--out", str(tmp_path / "r")]) == 0
+    summary = json.loads((tmp_path / "r" / "summary.json").read_text())
+    assert summary["cost_model"]["name"] == "roofline"
+    assert summary["cost_model"]["chosen"] == "as requested"
+
+
+def test_sweeps_build_their_configs_the_same_way(tmp_path: Path) -> None:
+    trace = ROOT / "traces" / "azure_code.csv"
+    grid = {"cost_model": ["roofline", "table"], "rate_scale": [1.0]}
+    plan = plan_grid(grid, trace, 10, None, {})
+    chosen = [(p.config["cost_model"], p.config["cost_model_by_default"]) for p in plan.probes]
+    assert chosen == [("roofline", False), ("table", True)]
+    plan = plan_grid({"policy": ["fcfs"]}, trace, 10, None, {})
+    assert plan.probes[0].config["cost_model"] == "table"
