@@ -20,7 +20,7 @@ from starlette.responses import JSONResponse, StreamingResponse
 from starlette.routing import Route
 
 from lab.cli.sim import main
-from lab.validate.capacity import edge, search_real
+from lab.validate.capacity import crossing, edge, search_real
 
 ROOT = Path(__file__).resolve().parents[1]
 SERVICE_S = 0.08  # the fake engine serves one request at a time, 80 ms each
@@ -53,6 +53,33 @@ def test_noise_near_the_edge_widens_the_interval() -> None:
     assert edge({1.0: [1.0], 2.0: [1.0, 0.5], 2.5: [1.0, 1.0], 3.0: [0.5]}, 0.99) == (2.5, 3.0)
     assert edge({1.0: [1.0], 2.0: [1.0, 0.5], 2.5: [0.5, 0.5], 3.0: [1.0]}, 0.99) == (1.0, 2.5)
     assert edge({1.0: [0.5]}, 0.99) == (0.0, 1.0) and edge({1.0: [1.0]}, 0.99) == (1.0, None)
+
+
+def test_a_repeat_failing_at_lo_bisects_again_inside_the_interval() -> None:
+    """The H200 case: 4x passed once (99.6 %) and failed its repeat (98.8 %), so the edge
+    interval fell back to the last all-pass scale, 2x: the search goes on between 2x and 4x."""
+    seen: dict[float, int] = {}
+
+    def run(x: float) -> float:
+        seen[x] = seen.get(x, 0) + 1
+        if abs(x - 4.0) < 1e-9:
+            return 0.996 if seen[x] == 1 else 0.988
+        return 1.0 if x < 3.9 else 0.9
+
+    out = search_real(run, attainment=0.99, tolerance=0.15, repeats=2)
+    assert 2.0 < out["capacity"] < 3.9 < 4.0 < out["first_failing"]
+    runs = {p["rate_scale"]: p["attainment"] for p in out["probes"]}
+    assert 4.0 / out["capacity"] <= 1.15 and len(runs[out["capacity"]]) == 2
+    assert out["crossing"] is not None and 4.0 < out["crossing"] < out["first_failing"]
+
+
+def test_crossing_interpolates_the_mean_attainment_in_log_scale() -> None:
+    mean = {1.0: 1.0, 2.0: 1.0, 4.0: 0.992, 4.362: 0.968, 8.0: 0.44}
+    x = crossing(mean, 0.99)
+    assert x is not None and 4.0 < x < 4.1
+    assert crossing({1.0: 0.5}, 0.99) is None
+    assert crossing({1.0: 1.0, 2.0: 1.0}, 0.99) == 2.0
+    assert crossing({1.0: 1.0, 2.0: 0.0}, 0.5) == pytest.approx(2**0.5)
 
 
 def fake_app() -> Starlette:

@@ -17,7 +17,15 @@ attainment is noisy, so ``lo`` and ``hi`` are run again until each has
     first_failing = the lowest probed scale at which every run failed (None: none did)
 
 and the interval [capacity, first_failing] holds the scales whose runs
-disagreed: the edge as far as the noise lets the runs place it.
+disagreed: the edge as far as the noise lets the runs place it. A repeat that
+fails at ``lo`` widens the interval downwards; the bisection then goes on
+inside it (at most ``MAX_ROUNDS`` times), so the interval closes again where
+the probes allow.
+
+``crossing`` (both sides) is where the attainment, averaged over a scale's
+runs, falls through the target: interpolated linearly in the logarithm of the
+scale between the highest scale at or above the target and the next probed
+scale above it. It is the point estimate; the interval is its uncertainty.
 
 The simulated side is ``sim capacity``'s search (``search_capacity``) over the
 same requests, with the simulator's config as ``sim validate`` builds it (the
@@ -29,6 +37,7 @@ server's settings, the profile's ``table`` model), to the same tolerance.
 from __future__ import annotations
 
 import argparse
+import math
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
@@ -44,6 +53,8 @@ if TYPE_CHECKING:
 
 REAL_SCALES = (1 / 16, 16.0)
 """The real search's bounds on the rate scale."""
+MAX_ROUNDS = 4
+"""Bisections of a real search: the first, and those inside an interval that a repeat widened."""
 
 
 def add_capacity_flags(p: argparse.ArgumentParser) -> None:
@@ -90,20 +101,44 @@ def search_real(
         runs.setdefault(x, []).append(run(x))
         return runs[x][-1]
 
-    while (x := bracket.next_scale(tolerance)) is not None:
-        bracket.record(x, {"status": "ok", "slo_attainment": probe(x), "error": ""}, attainment)
-    for x in (bracket.lo, bracket.hi):
-        while x is not None and len(runs[x]) < repeats:
-            probe(x)
-    capacity, first_failing = edge(runs, attainment)
+    for _ in range(MAX_ROUNDS):
+        while (x := bracket.next_scale(tolerance)) is not None:
+            row = {"status": "ok", "slo_attainment": probe(x), "error": ""}
+            bracket.record(x, row, attainment)
+        for x in (bracket.lo, bracket.hi):
+            while x is not None and len(runs[x]) < repeats:
+                probe(x)
+        capacity, first_failing = edge(runs, attainment)
+        mixed = [x for x in runs if x > capacity and any(v < attainment for v in runs[x])]
+        if not capacity or not mixed or min(mixed) / capacity <= 1 + tolerance:
+            break
+        bracket = Bracket(capacity, min(mixed), min_scale=REAL_SCALES[0])
     return {
         "capacity": capacity,
         "first_failing": first_failing,
+        "crossing": crossing({x: sum(a) / len(a) for x, a in runs.items()}, attainment),
         "probes": [
             {"rate_scale": x, "attainment": a, "passed": [v >= attainment for v in a]}
             for x, a in sorted(runs.items())
         ],
     }
+
+
+def crossing(mean: dict[float, float], attainment: float) -> float | None:
+    """Where ``mean`` (scale -> attainment) falls through ``attainment`` (module docstring);
+    None when no scale reaches it, the last scale when none falls below it."""
+    scales = sorted(mean)
+    reached = [x for x in scales if mean[x] >= attainment]
+    if not reached:
+        return None
+    lo = max(reached)
+    above = [x for x in scales if x > lo]
+    if not above:
+        return lo
+    hi = above[0]
+    a, b = mean[lo], mean[hi]
+    share = (a - attainment) / (a - b)
+    return float(math.exp(math.log(lo) + share * (math.log(hi) - math.log(lo))))
 
 
 def search_sim(
@@ -117,16 +152,18 @@ def search_sim(
         plan, trace, Serial(), RowCache(None), attainment=attainment, tolerance=tolerance,
         trace_digest=digest, progress=False,
     )  # fmt: skip
+    mean = {x: float(r["slo_attainment"]) for x, r in s.rows.items() if r["status"] == "ok"}
     return {
         "capacity": s.lo or 0.0,
         "first_failing": s.hi,
+        "crossing": crossing(mean, attainment),
         "error": s.error,
         "probes": [{"rate_scale": x, "attainment": r["slo_attainment"]} for x, r in s.rows.items()],
     }
 
 
-def relative(sim: float, real: float | None) -> float | None:
-    return (sim - real) / real if real else None
+def relative(sim: float | None, real: float | None) -> float | None:
+    return (sim - real) / real if real and sim is not None else None
 
 
 def capacity_answer(
@@ -145,7 +182,12 @@ def capacity_answer(
         "sim": sim | {"request_rate": sim["capacity"] * rate},
         "rel_err": relative(sim["capacity"], real["capacity"]),
         "rel_err_interval": [relative(sim["capacity"], end) for end in ends],
+        "rel_err_crossing": relative(sim["crossing"], real["crossing"]),
     }
+
+
+def fmt_scale(x: float | None) -> str:
+    return "-" if x is None else f"{x:.3g}x"
 
 
 def format_capacity(answer: dict[str, Any]) -> str:
@@ -169,6 +211,8 @@ def format_capacity(answer: dict[str, Any]) -> str:
             f"  simulated  {sim['capacity']:.3g}x ({sim_edge})",
             f"  error      {pct(answer['rel_err'])} (against the interval's ends: "
             f"{pct(lo_err)} and {pct(hi_err)})",
+            f"  crossing   real {fmt_scale(real['crossing'])}, simulated "
+            f"{fmt_scale(sim['crossing'])}: {pct(answer['rel_err_crossing'])}",
         ]
     )
 
