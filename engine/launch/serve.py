@@ -24,6 +24,7 @@ from engine.launch.launcher import ChildDied, Launcher
 from engine.launch.model_source import ModelSource, resolve_source
 from engine.launch.rundir import make_run_dir, remove_run_dir
 from engine.models.setup import ModelNotFoundError
+from engine.server.listener import bind_listener
 from engine.server.logs import configure_logging
 
 log = logging.getLogger("engine.serve")
@@ -137,15 +138,6 @@ def free_tcp_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
-
-
-def bind_listener(host: str, port: int) -> socket.socket:
-    family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    sock = socket.socket(family, socket.SOCK_STREAM)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    sock.bind((host, port))
-    sock.set_inheritable(False)
-    return sock
 
 
 def make_config(

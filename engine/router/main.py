@@ -5,7 +5,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
-import socket
 import sys
 from dataclasses import fields
 from types import FrameType
@@ -15,6 +14,7 @@ import uvicorn
 from core.router import POLICIES, RouterConfig
 from engine.router.app import create_app
 from engine.router.service import HealthCheck, RouterService
+from engine.server.listener import bind_listener
 from engine.server.logs import configure_logging, uvicorn_log_config
 
 log = logging.getLogger("engine.router")
@@ -124,7 +124,7 @@ def router_main(argv: list[str]) -> int:
     except ValueError as exc:
         parser.exit(2, f"error: {exc}\n")
     try:
-        listener = socket.create_server((args.host, args.port))
+        listener = bind_listener(args.host, args.port)
     except OSError as exc:
         parser.exit(2, f"error: cannot listen on {args.host}:{args.port}: {exc}\n")
     host, port = listener.getsockname()[:2]
