@@ -12,8 +12,8 @@ import statistics
 import time
 
 import httpx
-
 from conftest import Server
+
 from engine.server.listener import bind_listener
 
 
