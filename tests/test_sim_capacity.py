@@ -11,6 +11,8 @@ import pytest
 
 from lab.cli.sim import main
 from lab.report.verdict import LIMIT_LABELS
+from schema.traces import load_trace
+from sim.config import build_config
 
 ROOT = Path(__file__).resolve().parents[1]
 N, GAP_MS, PROMPT, TOKENIZE_S = 200, 3.0, 100, 1e-4
@@ -27,6 +29,17 @@ schedule,0,0,0,0,0,0,0,1,0,0,0,1,fit
 schedule_request,0,0,0,0,0,0,0,1,0,0,0,1,fit
 stream,0,0,0,0,0,0,0,1,0,0,0,1,fit
 """
+
+
+def _tokenizer_bound(tmp_path: Path) -> tuple[Path, Path]:
+    """The trace and config of the test above: one replica serves 0.3x the trace's rate."""
+    trace, costs = tmp_path / "even.jsonl", tmp_path / "cpu.csv"
+    rows = [{"timestamp": i * GAP_MS, "input_length": PROMPT, "output_length": 2} for i in range(N)]
+    trace.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    costs.write_text(CPU_COSTS.format(tokenize=TOKENIZE_S))
+    config = tmp_path / "c.toml"
+    config.write_text(f'model = "smollm2-135m"\ncpu_profile = "{costs}"\n')
+    return trace, config
 
 
 def test_bisection_finds_the_tokenizer_capacity(
@@ -47,12 +60,7 @@ def test_bisection_finds_the_tokenizer_capacity(
     1.02``: ``0.3 / 1.02 < lo <= 0.30073``, and the trace's own rate needs
     ``ceil(1 / lo)`` = 4 replicas.
     """
-    trace, costs = tmp_path / "even.jsonl", tmp_path / "cpu.csv"
-    rows = [{"timestamp": i * GAP_MS, "input_length": PROMPT, "output_length": 2} for i in range(N)]
-    trace.write_text("".join(json.dumps(r) + "\n" for r in rows))
-    costs.write_text(CPU_COSTS.format(tokenize=TOKENIZE_S))
-    config = tmp_path / "c.toml"
-    config.write_text(f'model = "smollm2-135m"\ncpu_profile = "{costs}"\n')
+    trace, config = _tokenizer_bound(tmp_path)
     out = tmp_path / "out"
     args = ["capacity", str(trace), "--config", str(config), "--slo-ttft-ms", "15",
             "--slo-tpot-ms", "50", "--jobs", "1", "--no-progress", "--out", str(out)]  # fmt: skip
@@ -62,7 +70,7 @@ def test_bisection_finds_the_tokenizer_capacity(
     assert boundary_low == pytest.approx(0.3)
     assert boundary_low / 1.02 < cap["max_rate_scale"] <= 3 / (10 - 4.8 / 197)
     assert cap["first_failing_scale"] / cap["max_rate_scale"] <= 1.02 + 1e-12
-    assert cap["replicas"] == 4 == math.ceil(1 / cap["max_rate_scale"])
+    assert cap["replicas_even_split"] == 4 == math.ceil(1 / cap["max_rate_scale"])
     rate = N / ((N - 1) * GAP_MS / 1e3)
     assert cap["max_request_rate"] == pytest.approx(cap["max_rate_scale"] * rate)
     probes = pd.read_csv(out / "probes.csv")
@@ -71,6 +79,53 @@ def test_bisection_finds_the_tokenizer_capacity(
     assert (probes["passed"] == (probes["rate_scale"] <= cap["max_rate_scale"])).all()
     assert "replicas" in capsys.readouterr().out
     assert "Capacity" in (out / "capacity.html").read_text()
+
+
+def _attainment(trace: Path, config: Path, replicas: int) -> float:
+    from sim.replay import run_replay
+
+    sim_config = build_config(config, replicas=replicas, slo_ttft_ms=15, slo_tpot_ms=50)
+    summary = run_replay(load_trace(trace), sim_config, progress=False).summary
+    return float(summary["goodput"]["attainment"])
+
+
+def test_replica_search_simulates_the_cluster(tmp_path: Path) -> None:
+    """Round robin over ``n`` replicas gives each a request every ``3 n`` ms: 4 keep up with
+    the 10 ms tokenizer, 3 do not (each replica's queue grows 1 ms a request)."""
+    trace, config = _tokenizer_bound(tmp_path)
+    out = tmp_path / "out"
+    args = ["capacity", str(trace), "--config", str(config), "--slo-ttft-ms", "15",
+            "--slo-tpot-ms", "50", "--tolerance", "0.1", "--replicas-search", "--router",
+            "round_robin", "--jobs", "1", "--no-progress", "--out", str(out)]  # fmt: skip
+    assert main(args) == 0
+    cap = pd.read_csv(out / "capacity.csv").iloc[0]
+    n = int(cap["replicas_simulated"])
+    assert n == 4 and cap["attainment_one_fewer"] < 0.99 <= cap["attainment_at_replicas"]
+    assert _attainment(trace, config, n) >= 0.99 > _attainment(trace, config, n - 1)
+    probes = pd.read_csv(out / "replica_probes.csv")
+    assert (
+        set(probes["replicas"]) >= {3, 4} and (probes["passed"] == (probes["replicas"] >= 4)).all()
+    )
+    assert "replicas_simulated" in (out / "capacity.html").read_text()
+    # too few replicas allowed: not met
+    assert main([*args, "--max-replicas", "2"]) == 0  # the rate-scale probes are cached
+    few = pd.read_csv(out / "capacity.csv").iloc[0]
+    assert pd.isna(few["replicas_simulated"])
+    assert few["replicas_simulated_note"].startswith("not met at any replica count up to 2")
+
+
+def test_replica_search_not_met_when_one_request_misses(tmp_path: Path) -> None:
+    """A 5 ms TTFT SLO under a request's own ~10.2 ms TTFT: no replica count helps."""
+    trace, config = _tokenizer_bound(tmp_path)
+    out = tmp_path / "out"
+    args = ["capacity", str(trace), "--config", str(config), "--slo-ttft-ms", "5",
+            "--slo-tpot-ms", "50", "--replicas-search", "--limit", "40", "--jobs", "1",
+            "--no-progress", "--out", str(out)]  # fmt: skip
+    assert main(args) == 0
+    cap = pd.read_csv(out / "capacity.csv").iloc[0]
+    assert pd.isna(cap["replicas_simulated"]) and cap["replica_probes"] == 0
+    assert cap["replicas_simulated_note"].startswith("not met at any replica count")
+    assert "TTFT P99 10." in cap["replicas_simulated_note"]
 
 
 def test_capacity_on_a_slice_of_a_real_trace(tmp_path: Path) -> None:

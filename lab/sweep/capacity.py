@@ -24,7 +24,9 @@ configuration on the executor, through the same cache as ``sim sweep``.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
+from functools import partial
 from typing import Any
 
 import pandas as pd
@@ -105,21 +107,42 @@ def search_capacity(
 ) -> list[Search]:
     """Bisect every configuration of ``plan`` (its probes' rate scales are ignored)."""
     searches = [Search(probe=p) for p in plan.probes]
-    for round_no in range(1, 1000):
-        steps: list[tuple[Search, float]] = []
-        for s in searches:
-            x = s.next_scale(tolerance)
-            if x is not None:
-                steps.append((s, x))
-        if not steps:
-            break
-        probes = [probe_at(s.probe, x, trace_digest, trace.limit) for s, x in steps]
-        rows = run_probes(
-            probes, trace, executor, cache, progress=progress, desc=f"capacity round {round_no}"
-        )
-        for (search, scale), row in zip(steps, rows, strict=True):
-            search.record(scale, row, attainment)
+
+    def steps() -> list[tuple[Probe, Callable[[dict[str, Any]], None]]]:
+        todo = [(s, s.next_scale(tolerance)) for s in searches]
+        return [
+            (
+                probe_at(s.probe, x, trace_digest, trace.limit),
+                partial(s.record, x, attainment=attainment),
+            )
+            for s, x in todo
+            if x is not None
+        ]
+
+    run_rounds(steps, trace, executor, cache, progress=progress, desc="capacity")
     return searches
+
+
+def run_rounds(
+    steps: Callable[[], list[tuple[Probe, Callable[[dict[str, Any]], None]]]],
+    trace: Trace,
+    executor: Executor,
+    cache: RowCache,
+    *,
+    progress: bool,
+    desc: str,
+) -> None:
+    """Run ``steps()``'s probes a round at a time, each row to its callback, until none is left."""
+    for round_no in range(1, 1000):
+        todo = steps()
+        if not todo:
+            break
+        rows = run_probes(
+            [p for p, _ in todo], trace, executor, cache, progress=progress,
+            desc=f"{desc} round {round_no}",
+        )  # fmt: skip
+        for (_, record), row in zip(todo, rows, strict=True):
+            record(row)
 
 
 def arrival_rate(trace: Trace) -> float:
@@ -142,7 +165,7 @@ def capacity_table(
                 "status": "failed" if s.error else "ok",
                 "max_rate_scale": s.lo if s.lo is not None else 0.0,
                 "max_request_rate": (s.lo or 0.0) * rate,
-                "replicas": math.ceil(1 / s.lo) if s.lo else None,
+                "replicas_even_split": math.ceil(1 / s.lo) if s.lo else None,
                 "attainment_at_max": at.get("slo_attainment"),
                 "binding_limit_at_max": at.get("binding_limit"),
                 "first_failing_scale": s.hi,
@@ -160,12 +183,15 @@ def capacity_table(
     return pd.DataFrame.from_records(records)
 
 
-def probes_table(searches: list[Search], attainment: float) -> pd.DataFrame:
-    """Every probe of every search: configuration, scale, pass or fail, its row."""
+def probes_table(
+    rows: list[dict[Any, dict[str, Any]]], attainment: float, column: str = "rate_scale"
+) -> pd.DataFrame:
+    """Every probe of every search (``rows``: each configuration's rows by the value of
+    ``column`` searched): configuration, that value, pass or fail, its row."""
     records = [
-        {"config_id": i, "rate_scale": scale, "passed": _passed(row, attainment), **row}
-        for i, s in enumerate(searches)
-        for scale, row in sorted(s.rows.items())
+        {"config_id": i, column: x, "passed": _passed(row, attainment), **row}
+        for i, by_x in enumerate(rows)
+        for x, row in sorted(by_x.items())
     ]
     return pd.DataFrame.from_records(records).drop(columns=["wall_s"], errors="ignore")
 

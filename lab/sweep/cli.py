@@ -8,10 +8,12 @@ from typing import Any
 
 import pandas as pd
 
+from core.router.policy import POLICIES
 from lab.sweep.capacity import arrival_rate, capacity_table, probes_table, search_capacity
 from lab.sweep.executor import Executor, make_executor
 from lab.sweep.grid import RATE_SCALE, check_grid, read_grid, swept
 from lab.sweep.probes import RowCache, file_digest, run_probes
+from lab.sweep.replicas import replicas_table, search_replicas
 from lab.sweep.sweep import Plan, knob_effects, plan_grid, sweep_table, write_sweep
 from schema.tables import write_csv, write_parquet
 from schema.traces import Trace, load_trace
@@ -51,6 +53,20 @@ def add_capacity_args(sub: argparse._SubParsersAction[argparse.ArgumentParser]) 
                    help="fraction of requests that must meet both SLOs (default 0.99)")  # fmt: skip
     p.add_argument("--tolerance", type=float, default=0.02,
                    help="stop once the bracket's ratio is 1 + this or less (0.02)")  # fmt: skip
+    g = p.add_argument_group("replica search", "simulate clusters of N replicas behind the router")
+    g.add_argument(
+        "--replicas-search",
+        action="store_true",
+        help="find the fewest replicas that meet the SLOs by simulating the cluster",
+    )
+    g.add_argument("--max-replicas", type=int, default=64, help="give up above this (default 64)")
+    g.add_argument(
+        "--router",
+        choices=sorted(POLICIES),
+        help="the router's policy (default: the config's, else round robin)",
+    )
+    g.add_argument("--rate-scale", type=float, default=1.0,
+                   help="the rate the replicas must serve, x the trace's (default 1)")  # fmt: skip
 
 
 class _Run:
@@ -121,19 +137,33 @@ def cmd_capacity(args: argparse.Namespace) -> int:
     grid = read_grid(args.grid) if args.grid else check_grid({})
     if RATE_SCALE in grid:
         raise ValueError("sim capacity searches the rate scale: leave rate_scale out of the grid")
+    if args.replicas_search and ("replicas" in grid or args.max_replicas < 1):
+        raise ValueError("--replicas-search: leave replicas out of the grid; --max-replicas >= 1")
     run = _Run(args, grid)
+    digest = file_digest(args.trace)
     try:
         searches = search_capacity(
             run.plan, run.trace, run.executor, run.cache, attainment=args.attainment,
-            tolerance=args.tolerance, trace_digest=file_digest(args.trace),
-            progress=run.progress,
+            tolerance=args.tolerance, trace_digest=digest, progress=run.progress,
         )  # fmt: skip
+        if args.replicas_search:
+            found = search_replicas(
+                searches, run.trace, run.executor, run.cache, rate_scale=args.rate_scale,
+                max_replicas=args.max_replicas, router=args.router, attainment=args.attainment,
+                trace_digest=digest, progress=run.progress,
+            )  # fmt: skip
     finally:
         run.executor.close()
     rate = arrival_rate(run.trace)
     capacity = capacity_table(run.plan, searches, run.knobs, rate)
-    probes = probes_table(searches, args.attainment)
+    probes = probes_table([s.rows for s in searches], args.attainment)
     run.out.mkdir(parents=True, exist_ok=True)
+    replica_cols = []
+    if args.replicas_search:
+        capacity = capacity.merge(replicas_table(found, args.rate_scale), on="config_id")
+        replica_probes = probes_table([r.rows for r in found], args.attainment, "replicas")
+        write_csv(replica_probes, run.out / "replica_probes.csv")
+        replica_cols = ["replicas_simulated", "replicas_simulated_note"]
     write_csv(capacity, run.out / "capacity.csv")
     write_parquet(capacity, run.out / "capacity.parquet")
     write_csv(probes, run.out / "probes.csv")
@@ -141,9 +171,12 @@ def cmd_capacity(args: argparse.Namespace) -> int:
     subtitle += f"{rate:.2f} req/s"
     write_capacity_page(run.out, f"sim capacity: {args.trace.name}", subtitle, capacity,
                         probes, run.knobs, args.attainment)  # fmt: skip
-    cols = ["config_id", *run.knobs, "max_rate_scale", "max_request_rate", "replicas",
-            "binding_limit_at_max", "binding_limit_above", "ttft_stage_above", "error"]  # fmt: skip
+    cols = ["config_id", *run.knobs, "max_rate_scale", "max_request_rate",
+            "replicas_even_split", *replica_cols, "binding_limit_at_max",
+            "binding_limit_above", "ttft_stage_above", "error"]  # fmt: skip
     print(f"trace rate {rate:.2f} req/s; SLO attainment >= {args.attainment:g}")
     print(capacity[cols].to_string(index=False, float_format="%.3f"))
-    print(f"\noutputs in {run.out}/ (capacity.csv, capacity.parquet, probes.csv, capacity.html)")
+    extra = ", replica_probes.csv" if args.replicas_search else ""
+    print(f"\noutputs in {run.out}/ (capacity.csv, capacity.parquet, probes.csv{extra}, "
+          "capacity.html)")  # fmt: skip
     return 0 if (capacity["status"] == "ok").any() else 1
