@@ -42,7 +42,7 @@ def write_capacity_page(
     simulated = [c for c in ("replicas_simulated", "replicas_simulated_rate_scale",
                              "attainment_at_replicas", "attainment_one_fewer",
                              "replicas_simulated_note") if c in capacity]  # fmt: skip
-    shown = ["config_id", *knobs, "max_rate_scale", "max_request_rate", "replicas_even_split",
+    shown = ["config_id", *knobs, "max_rate_scale", "max_request_rate", "replicas",
              *simulated,
              "attainment_at_max", "binding_limit_at_max", "first_failing_scale",
              "binding_limit_above", "ttft_stage_above", "engine_busy_above",
@@ -53,7 +53,7 @@ def write_capacity_page(
             "Capacity",
             "Highest passing rate scale per configuration, its rate, the replicas the trace's "
             "own rate needs with the traffic split evenly (ceil(1 / scale), "
-            "replicas_even_split) and, with --replicas-search, found by simulating the "
+            "replicas) and, with --replicas-search, found by simulating the "
             "cluster behind the router (replicas_simulated: the fewest that meet the SLOs "
             "at that rate scale; one fewer does not), and the binding limit at and just "
             "above it.",
