@@ -98,6 +98,20 @@ class Server:
         return out
 
 
+def watch_url(proc: subprocess.Popen[str]) -> list[str]:
+    """A list that gets the URL of the ``... at http://HOST:PORT`` line ``proc`` prints."""
+    url: list[str] = []
+
+    def read() -> None:
+        assert proc.stdout is not None
+        for line in proc.stdout:
+            if " at http://" in line and not url:
+                url.append(line.rsplit(" at ", 1)[1].strip())
+
+    threading.Thread(target=read, daemon=True).start()
+    return url
+
+
 def start_server(*args: str, cpu_threads: int = 1, model: str = MODEL) -> Server:
     """Start ``engine serve --model MODEL`` on a free port and wait for its URL line."""
     log = Path(tempfile.mkstemp(prefix="engine-serve-", suffix=".log")[1])
@@ -108,15 +122,7 @@ def start_server(*args: str, cpu_threads: int = 1, model: str = MODEL) -> Server
     proc = subprocess.Popen(
         cmd, stdout=subprocess.PIPE, stderr=log.open("w"), text=True, stdin=subprocess.DEVNULL
     )
-    url: list[str] = []
-
-    def read() -> None:
-        assert proc.stdout is not None
-        for line in proc.stdout:
-            if " at http://" in line and not url:
-                url.append(line.rsplit(" at ", 1)[1].strip())
-
-    threading.Thread(target=read, daemon=True).start()
+    url = watch_url(proc)
     deadline = time.monotonic() + START_TIMEOUT_S
     while not url:
         if proc.poll() is not None or time.monotonic() > deadline:

@@ -12,14 +12,13 @@ import os
 import signal
 import subprocess
 import sys
-import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
 import httpx
 import pytest
-from conftest import MODEL, Server, running_server, wait_gone
+from conftest import MODEL, Server, running_server, wait_gone, watch_url
 
 pytestmark = pytest.mark.slow
 
@@ -33,15 +32,7 @@ def running_router(*args: str) -> Iterator[tuple[subprocess.Popen[str], str]]:
     """``engine router`` (through ``router_main``) on a free port; SIGTERM and reap at exit."""
     cmd = [sys.executable, "-m", "engine.router.main", "--port", "0", *args]
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True, stdin=subprocess.DEVNULL)
-    url: list[str] = []
-
-    def read() -> None:
-        assert proc.stdout is not None
-        for line in proc.stdout:
-            if " at http://" in line and not url:
-                url.append(line.rsplit(" at ", 1)[1].strip())
-
-    threading.Thread(target=read, daemon=True).start()
+    url = watch_url(proc)
     deadline = time.monotonic() + 30
     while not url and proc.poll() is None and time.monotonic() < deadline:
         time.sleep(0.05)
