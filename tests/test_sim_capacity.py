@@ -70,7 +70,7 @@ def test_bisection_finds_the_tokenizer_capacity(
     assert boundary_low == pytest.approx(0.3)
     assert boundary_low / 1.02 < cap["max_rate_scale"] <= 3 / (10 - 4.8 / 197)
     assert cap["first_failing_scale"] / cap["max_rate_scale"] <= 1.02 + 1e-12
-    assert cap["replicas"] == 4 == math.ceil(1 / cap["max_rate_scale"])
+    assert cap["replicas_even_split"] == 4 == math.ceil(1 / cap["max_rate_scale"])
     rate = N / ((N - 1) * GAP_MS / 1e3)
     assert cap["max_request_rate"] == pytest.approx(cap["max_rate_scale"] * rate)
     probes = pd.read_csv(out / "probes.csv")
@@ -79,6 +79,24 @@ def test_bisection_finds_the_tokenizer_capacity(
     assert (probes["passed"] == (probes["rate_scale"] <= cap["max_rate_scale"])).all()
     assert "replicas" in capsys.readouterr().out
     assert "Capacity" in (out / "capacity.html").read_text()
+
+
+def test_a_grid_over_replicas_keeps_its_knob_and_draws_a_curve_each(tmp_path: Path) -> None:
+    """``replicas`` is a config key: its column is the knob, beside the even-split estimate,
+    and the page draws the edge and the P99 tails per replica count."""
+    trace, config = _tokenizer_bound(tmp_path)
+    grid, out = tmp_path / "grid.toml", tmp_path / "out"
+    grid.write_text("replicas = [1, 2]\n")
+    args = ["capacity", str(trace), "--config", str(config), "--grid", str(grid),
+            "--slo-ttft-ms", "15", "--slo-tpot-ms", "50", "--tolerance", "0.1", "--jobs", "1",
+            "--no-progress", "--out", str(out)]  # fmt: skip
+    assert main(args) == 0
+    cap = pd.read_csv(out / "capacity.csv").sort_values("replicas")
+    assert list(cap["replicas"]) == [1, 2]
+    assert cap["max_rate_scale"].iloc[1] > cap["max_rate_scale"].iloc[0]  # two tokenizer pools
+    assert list(cap["replicas_even_split"]) == [math.ceil(1 / x) for x in cap["max_rate_scale"]]
+    page = (out / "capacity.html").read_text()
+    assert "Attainment at the edge" in page and "TTFT P99 (ms)" in page and "TPOT P99" in page
 
 
 def _attainment(trace: Path, config: Path, replicas: int) -> float:

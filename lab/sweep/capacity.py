@@ -165,7 +165,7 @@ def capacity_table(
                 "status": "failed" if s.error else "ok",
                 "max_rate_scale": s.lo if s.lo is not None else 0.0,
                 "max_request_rate": (s.lo or 0.0) * rate,
-                "replicas": math.ceil(1 / s.lo) if s.lo else None,
+                "replicas_even_split": math.ceil(1 / s.lo) if s.lo else None,
                 "attainment_at_max": at.get("slo_attainment"),
                 "binding_limit_at_max": at.get("binding_limit"),
                 "first_failing_scale": s.hi,

@@ -170,9 +170,10 @@ def cmd_capacity(args: argparse.Namespace) -> int:
     subtitle = f"{run.subtitle(args)}; attainment >= {args.attainment:g}; trace rate "
     subtitle += f"{rate:.2f} req/s"
     write_capacity_page(run.out, f"sim capacity: {args.trace.name}", subtitle, capacity,
-                        probes, run.knobs, args.attainment)  # fmt: skip
+                        probes, run.knobs, args.attainment,
+                        (args.slo_ttft_ms, args.slo_tpot_ms))  # fmt: skip
     cols = ["config_id", *run.knobs, "max_rate_scale", "max_request_rate",
-            "replicas", *replica_cols, "binding_limit_at_max",
+            "replicas_even_split", *replica_cols, "binding_limit_at_max",
             "binding_limit_above", "ttft_stage_above", "error"]  # fmt: skip
     print(f"trace rate {rate:.2f} req/s; SLO attainment >= {args.attainment:g}")
     print(capacity[cols].to_string(index=False, float_format="%.3f"))
