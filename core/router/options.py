@@ -14,7 +14,7 @@ from dataclasses import asdict, fields
 from typing import Any
 
 from core.router.config import RouterConfig
-from core.router.policy import POLICIES
+from core.router.policy import POLICIES, make_policy
 
 ROUTER_KEYS = {"router": "policy"} | {
     f"router_{f.name}": f.name for f in fields(RouterConfig) if f.name != "policy"
@@ -46,9 +46,7 @@ def pop_router_config(values: dict[str, Any]) -> RouterConfig:
         base = {} if given is None else {"policy": given}
     base.update({ROUTER_KEYS[k]: values.pop(k) for k in list(values) if k in ROUTER_KEYS})
     config = RouterConfig(**base)
-    if config.policy not in POLICIES:
-        known = ", ".join(sorted(POLICIES))
-        raise ValueError(f"unknown router policy {config.policy!r}; known: {known}")
+    make_policy(config)  # the registry's own check: an unknown policy is a ValueError
     return config
 
 
