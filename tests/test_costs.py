@@ -7,12 +7,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from core.scheduler import StepShape
 from sim.costs import (
     DEFAULT_CPU_PROFILE,
     CostSpec,
     ProfileError,
     RooflineCostModel,
-    StepShape,
     TableCostModel,
     hardware,
     load_cpu_costs,

@@ -9,8 +9,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from core.scheduler.shape import StepShape
 from lab.profile.grid import StepPoint, cuda_batches
-from sim.costs import StepShape, TableCostModel
+from sim.costs import TableCostModel
 from sim.costs.fit import PiecewiseFit, relative_errors
 from sim.costs.profile import Profile, ProfileRow
 

@@ -13,6 +13,7 @@ from core.scheduler.policy import POLICIES, Policy, get_policy
 from core.scheduler.radix import RadixCache
 from core.scheduler.request import Request, RequestRejected, RequestStatus
 from core.scheduler.scheduler import Scheduler
+from core.scheduler.shape import StepShape
 
 __all__ = [
     *_plan_names,
@@ -28,5 +29,6 @@ __all__ = [
     "Scheduler",
     "SchedulerConfig",
     "SchedulerStats",
+    "StepShape",
     "get_policy",
 ]

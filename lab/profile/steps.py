@@ -30,12 +30,12 @@ from contextlib import contextmanager
 import numpy as np
 
 from core.scheduler import Plan, SchedulerConfig
+from core.scheduler.shape import StepShape
 from engine.runner.args import RunnerArgs
 from engine.runner.tp import TPLeader, follower_main
 from engine.sampling.params import SamplingParams
 from engine.scheduler_proc.driver import StepDriver, Tracked
 from lab.profile.grid import StepPoint
-from sim.costs.base import StepShape
 from sim.costs.profile import ProfileRow
 
 

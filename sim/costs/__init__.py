@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from sim.costs.base import CpuCosts, GpuCostModel, StepShape
+from sim.costs.base import CpuCosts, GpuCostModel
 from sim.costs.presets import HARDWARE, MODELS, Hardware, ModelShape, hardware, model_shape
 from sim.costs.profile import Profile, ProfileError, read_profile
 from sim.costs.registry import (
@@ -28,7 +28,6 @@ __all__ = [
     "Profile",
     "ProfileError",
     "RooflineCostModel",
-    "StepShape",
     "TableCostModel",
     "hardware",
     "load_cpu_costs",

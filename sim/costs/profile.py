@@ -32,7 +32,8 @@ import json
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 
-from sim.costs.base import CpuCosts, StepShape
+from core.scheduler.shape import StepShape
+from sim.costs.base import CpuCosts
 
 SHAPE_COLUMNS = tuple(f.name for f in fields(StepShape))
 LEGACY_COLUMNS = ("kind", *SHAPE_COLUMNS, "tp", "duration_s", "min_s", "max_s", "repeats", "split")

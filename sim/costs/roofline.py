@@ -24,7 +24,8 @@ import math
 
 import numpy as np
 
-from sim.costs.base import GpuCostModel, StepShape
+from core.scheduler.shape import StepShape
+from sim.costs.base import GpuCostModel
 from sim.costs.presets import DTYPE_BYTES, Hardware, ModelShape
 
 KERNELS_PER_LAYER = 9

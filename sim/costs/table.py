@@ -35,7 +35,8 @@ from typing import Any
 
 import numpy as np
 
-from sim.costs.base import GpuCostModel, StepShape
+from core.scheduler.shape import StepShape
+from sim.costs.base import GpuCostModel
 from sim.costs.fit import PiecewiseFit, relative_errors
 from sim.costs.profile import Profile, ProfileError, ProfileRow
 

@@ -32,11 +32,12 @@ from core.scheduler import (
     SchedulerStats,
     TokenOut,
 )
+from core.scheduler.shape import StepShape
 from schema.metrics import TIME_COLUMNS
 from schema.samples import WeightedSamples
 from schema.steplog import StepLog
 from schema.traces.record import TraceRequest
-from sim.costs.base import CpuCosts, GpuCostModel, StepShape
+from sim.costs.base import CpuCosts, GpuCostModel
 from sim.model.delivery import Delivered, TokenDelivery
 from sim.model.scheduler_loop import LoopSettings, SimSchedulerLoop
 

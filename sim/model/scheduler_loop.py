@@ -42,7 +42,8 @@ import numpy as np
 import simpy
 
 from core.scheduler import DecodeRun, Plan, SchedulerStats
-from sim.costs.base import CpuCosts, GpuCostModel, StepShape
+from core.scheduler.shape import StepShape
+from sim.costs.base import CpuCosts, GpuCostModel
 
 Process = Generator[simpy.Event, Any, None]
 Stepping = Generator[simpy.Event, Any, "Launched | None"]  # returns the plan left in flight

@@ -1,0 +1,62 @@
+"""The shape of one model step: the numbers a step's time depends on, derived from its plan.
+
+The engine records it for every step it runs; the simulator's cost models price it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from core.scheduler.plan import Plan
+
+
+@dataclass(frozen=True, slots=True)
+class StepShape:
+    """The work of one model step, in the terms a step's time depends on.
+
+    ``context_tokens``: KV positions the step's attention reads, summed over the
+    batch (``start + length`` per prefill chunk, ``position + 1`` per decode slot).
+    ``decode_context``: the decode slots' share of it (one query-key pair each).
+    ``decode_padded``: KV positions of the decode slots padded to the longest
+    one (decode requests x longest context), what an attention kernel that pads
+    its decode batch reads.
+    ``prefill_attention``: query-key pairs of the prefill chunks (causal).
+    ``sampled``: sequences that produce logits (last prefill chunks and decodes).
+    """
+
+    prefill_tokens: int
+    decode_requests: int
+    context_tokens: int
+    decode_context: int
+    decode_padded: int
+    prefill_attention: int
+    sampled: int
+
+    @staticmethod
+    def of_plan(plan: Plan) -> StepShape:
+        prefill_tokens = prefill_context = attention = sampled = 0
+        for c in plan.prefill:
+            prefill_tokens += c.length
+            prefill_context += c.start + c.length
+            attention += c.length * c.start + c.length * (c.length + 1) // 2
+            sampled += c.samples
+        n_decode = len(plan.decode)
+        decode_context = sum(d.position for d in plan.decode) + n_decode
+        longest = max((d.position + 1 for d in plan.decode), default=0)
+        return StepShape(
+            prefill_tokens=prefill_tokens,
+            decode_requests=n_decode,
+            context_tokens=prefill_context + decode_context,
+            decode_context=decode_context,
+            decode_padded=n_decode * longest,
+            prefill_attention=attention,
+            sampled=sampled + n_decode,
+        )
+
+    @staticmethod
+    def decode(batch: int, context: int, longest: int) -> StepShape:
+        """A pure-decode step of ``batch`` requests reading ``context`` KV positions in all,
+        ``longest`` for the longest request."""
+        return StepShape(0, batch, context, context, batch * longest, 0, batch)
