@@ -23,10 +23,17 @@ cost model prices), plus ``prefill_requests``, the number of prefill chunks.
 
 from __future__ import annotations
 
-from core.scheduler.shape import StepShape
-
-SHAPE_COLUMNS = tuple(StepShape.__dataclass_fields__)
-"""The plan's shape, one column per ``StepShape`` field, in its order."""
+SHAPE_COLUMNS = (
+    "prefill_tokens",
+    "decode_requests",
+    "context_tokens",
+    "decode_context",
+    "decode_padded",
+    "prefill_attention",
+    "sampled",
+)
+"""The plan's shape: the fields of ``core.scheduler.StepShape``, in its order (a test keeps
+the two equal; the schema imports nothing of the core)."""
 
 STEP_RECORD_COLUMNS = (
     "step",
@@ -43,7 +50,3 @@ STEP_RECORD_COLUMNS = (
 )
 STEP_RECORD_NAME = "engine_steps.csv"
 
-
-def shape_of(row: dict[str, float]) -> StepShape:
-    """The step shape a record row carries."""
-    return StepShape(**{name: int(row[name]) for name in SHAPE_COLUMNS})
