@@ -24,7 +24,9 @@ bf16 weights on the serving path (``ModelRunner.launch``: FlashInfer, CUDA graph
 
 ``--variants base,fused`` measures the runner with FlashInfer's kernels, then with
 QK-norm + rotary + KV write fused into one Triton kernel (``SERVELAB_FUSED_ROPE_STORE``),
-in the same run against the same ceilings. ``--profile-dir`` also writes, per variant,
+in the same run against the same ceilings; ``slow-max`` is ``fused`` with FlashInfer's
+``plan()`` left as it is (``SERVELAB_FLASHINFER_FAST_MAX=0``, see
+``engine/attention/flashinfer_plan.py``). ``--profile-dir`` also writes, per variant,
 torch profiler tables: device time by kernel of decode steps at batch 1 and 64 and of
 one prefill chunk, host time by operation of sync decode steps at batch 1 and 256.
 """
@@ -206,12 +208,16 @@ def profile(leader: TPLeader, out_dir: Path, tag: str, skip_prefill: bool) -> No
 
 
 CEILINGS: dict[str, float] = {}
-VARIANTS = {"base": "0", "fused": "1"}  # SERVELAB_FUSED_ROPE_STORE for each variant
+VARIANTS = {  # the engine's switches for each variant
+    "base": {"SERVELAB_FUSED_ROPE_STORE": "0", "SERVELAB_FLASHINFER_FAST_MAX": "1"},
+    "fused": {"SERVELAB_FUSED_ROPE_STORE": "1", "SERVELAB_FLASHINFER_FAST_MAX": "1"},
+    "slow-max": {"SERVELAB_FUSED_ROPE_STORE": "1", "SERVELAB_FLASHINFER_FAST_MAX": "0"},
+}
 
 
 def measure_variant(args: argparse.Namespace, variant: str) -> dict[str, Any]:
     """Build a runner for ``variant``, time every configuration, free it."""
-    os.environ["SERVELAB_FUSED_ROPE_STORE"] = VARIANTS[variant]
+    os.environ.update(VARIANTS[variant])
     t0 = time.perf_counter()
     runner_args = RunnerArgs(
         model=args.model,
@@ -282,7 +288,8 @@ def main() -> None:
         "--variants",
         default="fused",
         help="comma list, measured one after the other in this run: base (FlashInfer's "
-        "kernels), fused (QK-norm + rotary + KV write in one Triton kernel; the engine default)",
+        "kernels), fused (QK-norm + rotary + KV write in one Triton kernel; the engine default), "
+        "slow-max (fused, with FlashInfer's plan() taking the longest sequence element by element)",
     )
     args = ap.parse_args()
     copy = copy_bandwidth(4 << 30)

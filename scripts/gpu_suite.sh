@@ -16,6 +16,8 @@
 #             one prefill and one batch-1 decode step, and the runner's batch-1 step, both
 #             kernel variants, Llama-3.1-8B and Qwen3-0.6B shapes
 #   overlap   idle GPU time between decode steps, overlap on and off
+#   fastmax   decode steps and idle GPU time with FlashInfer's plan() taking the longest
+#             sequence on the tensor (the default) and element by element
 #   serve     the offline workload over HTTP: Llama-3.1-8B (overlap on and off), Qwen3-0.6B
 #   profile   `engine profile` of the Llama-3.1-8B shape -> OUT_DIR/h200_llama-3.1-8b.csv
 #   validate  the profile, then `sim validate` of the Azure conversation trace against a live
@@ -91,6 +93,15 @@ for part in $parts; do
             --port 18600 --variants base,fused --runner-steps --out "$out/interactive_qwen3.json"
         ;;
     overlap) run overlap 300 python3 scripts/bench_gpu_overlap.py --out "$out/overlap.json" ;;
+    fastmax)  # FlashInfer's plan() with and without the tensor max, each twice in one run
+        run fastmax_runner 300 python3 scripts/bench_gpu_runner.py --skip-prefill \
+            --variants fused,slow-max,fused,slow-max --batches 1,64,256 --contexts 1024 \
+            --out "$out/fastmax_runner_llama8b.json"
+        for v in 1 0; do
+            SERVELAB_FLASHINFER_FAST_MAX=$v run "fastmax_overlap_$v" 150 \
+                python3 scripts/bench_gpu_overlap.py --batch 256 --out "$out/fastmax_overlap_$v.json"
+        done
+        ;;
     serve)
         run serve_llama 300 python3 scripts/bench_gpu_serve.py --model llama-3.1-8b \
             --out "$out/serve_llama8b.json"

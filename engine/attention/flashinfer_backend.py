@@ -12,7 +12,8 @@ share one compiled FlashInfer module. ``plan()`` writes its schedule into a pinn
 host buffer and copies it to the device asynchronously; before the next
 ``plan()`` rewrites that buffer, the backend waits for the event recorded after
 the previous one, which matters when the host plans step N+1 while the device
-still runs step N.
+still runs step N. ``engine.attention.flashinfer_plan`` takes the longest
+sequence of a plan on the tensor instead of element by element.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from typing import Any
 
 import torch
 
+from engine.attention import flashinfer_plan
 from engine.attention.backend import AttentionBackend, flashinfer_pdl, register_backend
 from engine.attention.metadata import AttentionMetadata
 from engine.kvcache.pool import KVPool
@@ -47,8 +49,11 @@ class FlashInferAttention(AttentionBackend):
     def __init__(self, pool: KVPool, num_q_heads: int, scale: float) -> None:
         super().__init__(pool, num_q_heads, scale)
         import flashinfer
+        import flashinfer.decode
+        import flashinfer.prefill
 
         self.fi = flashinfer
+        flashinfer_plan.install([flashinfer.decode, flashinfer.prefill])
         self.pdl = flashinfer_pdl()
         self.device = pool.device
         self.workspace = torch.zeros(WORKSPACE_BYTES, dtype=torch.uint8, device=self.device)
