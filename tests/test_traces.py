@@ -150,3 +150,32 @@ def test_generator_empirical_lengths_come_from_the_trace(tmp_path: Path) -> None
     with pytest.raises(ValueError, match="bad length spec"):
         generate(out, arrival="poisson", rate=1.0, input_spec="normal:3", output_spec="fixed:1",
                  num=2, seed=0)  # fmt: skip
+
+
+def test_generated_prefixes_share_whole_blocks_within_a_group(tmp_path: Path) -> None:
+    out = tmp_path / "prefixed.jsonl"
+    generate(
+        out, arrival="poisson", rate=2.0, input_spec="uniform:100:6000", output_spec="fixed:8",
+        num=300, seed=3, prefix_groups=4, prefix_len="uniform:1024:4096",
+    )  # fmt: skip
+    requests = load_trace(out).requests
+    firsts: dict[int, list[tuple[int, ...]]] = {}
+    seen_own: set[int] = set()
+    for r in requests:
+        assert len(r.hash_ids) == -(-r.input_length // 512)
+        if r.input_length >= 4096:  # long enough for any group's whole prefix (<= 8 blocks)
+            firsts.setdefault(r.hash_ids[0], []).append(r.hash_ids)
+    assert 2 <= len(firsts) <= 4  # the groups' first blocks
+    for prompts in firsts.values():
+        shared = min(len(p) for p in prompts)
+        common = next(
+            i for i in range(shared + 1) if i == shared or len({p[i] for p in prompts}) > 1
+        )
+        assert 2 <= common <= 8  # 1024-4096 tokens: 2 to 8 whole blocks
+        for p in prompts:
+            own = p[common:]
+            assert not seen_own & set(own)  # a block past the shared prefix is the prompt's own
+            seen_own |= set(own)
+    with pytest.raises(ValueError, match="prefix groups"):
+        generate(out, arrival="poisson", rate=1.0, input_spec="fixed:10", output_spec="fixed:1",
+                 num=2, seed=0, prefix_groups=-1)  # fmt: skip

@@ -78,6 +78,19 @@ def _gen_args(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p.add_argument("--input", required=True, help="fixed:N | uniform:A:B | empirical:TRACE")
     p.add_argument("--output", required=True, help="fixed:N | uniform:A:B | empirical:TRACE")
     p.add_argument("--num", type=int, required=True)
+    p.add_argument(
+        "--prefix-groups",
+        type=int,
+        default=0,
+        help="shared prefixes: each request draws one of G groups (0: none); G sets the reuse "
+        "distance",
+    )
+    p.add_argument(
+        "--prefix-len",
+        default="fixed:0",
+        help="tokens of each group's shared prefix, drawn once per group (whole 512-token "
+        "blocks are shared): fixed:N | uniform:A:B | empirical:TRACE",
+    )
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", type=Path, required=True)
 
@@ -161,6 +174,8 @@ def cmd_gen(args: argparse.Namespace) -> int:
         num=args.num,
         seed=args.seed,
         cv=args.cv,
+        prefix_groups=args.prefix_groups,
+        prefix_len=args.prefix_len,
     )
     print(f"wrote {n} requests to {args.out}")
     return 0

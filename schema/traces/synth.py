@@ -4,6 +4,13 @@ Arrivals: ``poisson`` (exponential gaps, rate R) or ``gamma`` (gamma gaps with m
 1/R and coefficient of variation CV; CV=1 is Poisson, CV>1 is burstier).
 Lengths: ``fixed:N``, ``uniform:A:B`` (integers, both ends included) or
 ``empirical:TRACE`` (drawn with replacement from the same field of a real trace).
+
+Shared prefixes (``prefix_groups`` G > 0): each request draws one of G groups
+uniformly; group g has a prefix of ``prefix_len`` tokens (drawn once per group).
+A request's prompt blocks (512 tokens, Mooncake's ``hash_ids``) start with as
+many of its group's full prefix blocks as fit in its prompt; every other block
+has an id of its own. A group is reused every G requests on average, so G sets
+the reuse distance.
 """
 
 from __future__ import annotations
@@ -82,6 +89,30 @@ def arrival_times(
     return np.concatenate([[0.0], np.cumsum(gaps)])
 
 
+BLOCK_TOKENS = 512
+"""Tokens per ``hash_ids`` block (Mooncake's)."""
+
+
+def prefix_blocks(
+    rng: np.random.Generator, inputs: np.ndarray, groups: int, prefix_len: str
+) -> list[list[int]]:
+    """``hash_ids`` of each prompt: its group's shared prefix blocks, then blocks of its own."""
+    if groups < 1:
+        raise ValueError(f"prefix groups must be >= 1, got {groups}")
+    shared = LengthSpec.parse(prefix_len).sample(rng, groups, "input") // BLOCK_TOKENS
+    starts = np.concatenate([[0], np.cumsum(shared)])
+    fresh = int(starts[-1])
+    group_of = rng.integers(groups, size=len(inputs))
+    ids: list[list[int]] = []
+    for length, g in zip(inputs.tolist(), group_of.tolist(), strict=True):
+        blocks = -(-length // BLOCK_TOKENS)
+        common = min(int(shared[g]), length // BLOCK_TOKENS)
+        own = blocks - common
+        ids.append([*range(int(starts[g]), int(starts[g]) + common), *range(fresh, fresh + own)])
+        fresh += own
+    return ids
+
+
 def generate(
     out: Path,
     *,
@@ -92,12 +123,17 @@ def generate(
     num: int,
     seed: int,
     cv: float = 1.0,
+    prefix_groups: int = 0,
+    prefix_len: str = "fixed:0",
 ) -> int:
-    """Write ``num`` synthetic requests to ``out`` (JSONL); return the count written."""
+    """Write ``num`` synthetic requests to ``out`` (JSONL); return the count written.
+
+    With ``prefix_groups`` > 0 every request carries ``hash_ids`` (``prefix_blocks``)."""
     rng = np.random.default_rng(seed)
     times = arrival_times(rng, arrival, rate, num, cv)
     inputs = LengthSpec.parse(input_spec).sample(rng, num, "input")
     outputs = LengthSpec.parse(output_spec).sample(rng, num, "output")
+    hash_ids = prefix_blocks(rng, inputs, prefix_groups, prefix_len) if prefix_groups else None
     out.parent.mkdir(parents=True, exist_ok=True)
     with out.open("w", encoding="utf-8") as f:
         for i in range(num):
@@ -107,5 +143,7 @@ def generate(
                 "input_length": int(inputs[i]),
                 "output_length": int(outputs[i]),
             }
+            if hash_ids is not None:
+                row["hash_ids"] = hash_ids[i]
             f.write(json.dumps(row) + "\n")
     return num
