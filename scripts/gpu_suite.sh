@@ -16,6 +16,9 @@
 #             one prefill and one batch-1 decode step, and the runner's batch-1 step, both
 #             kernel variants, Llama-3.1-8B and Qwen3-0.6B shapes
 #   overlap   idle GPU time between decode steps, overlap on and off
+#   attribution  `sim validate` with the engine's step record (error attribution) on the
+#             Azure conversation trace, a busy window of the code trace and a long-prompt
+#             trace with shared prefixes ($ATTR_RUNS, $ATTR_REPEATS)
 #   fastmax   decode steps and idle GPU time with FlashInfer's plan() taking the longest
 #             sequence on the tensor (the default) and element by element
 #   serve     the offline workload over HTTP: Llama-3.1-8B (overlap on and off), Qwen3-0.6B
@@ -42,9 +45,11 @@ run() {  # run NAME SECONDS CMD...: the command's output to OUT_DIR/NAME.log, it
     echo "exit $?"
     tail -n 12 "$out/$name.log"
 }
-serve_bg() {  # serve_bg PORT LOG: a Llama-3.1-8B server in the background; its pid on stdout
+serve_bg() {  # serve_bg PORT LOG [ARGS...]: a Llama-3.1-8B server in the background; its pid
+    local port=$1 log=$2
+    shift 2
     python3 -m lab.cli.engine serve --model llama-3.1-8b --dummy-weights --tokenizer .gpu/tokenizer \
-        --device cuda --port "$1" --max-running 256 >"$2" 2>&1 &
+        --device cuda --port "$port" --max-running 256 "$@" >"$log" 2>&1 &
     echo $!
 }
 wait_ready() {  # wait_ready URL PID SECONDS: 0 once /health answers, 1 if the server died or timed out
@@ -93,6 +98,31 @@ for part in $parts; do
             --port 18600 --variants base,fused --runner-steps --out "$out/interactive_qwen3.json"
         ;;
     overlap) run overlap 300 python3 scripts/bench_gpu_overlap.py --out "$out/overlap.json" ;;
+    attribution)  # sim validate with the engine's step record: three traces, three loads each
+        # ATTR_RUNS: NAME:TRACE:LIMIT:SCALE ... (scales near 50/80/100 % of capacity, see
+        # reports/validate/h200/attribution/README.md); the two derived traces are made here.
+        python3 -m lab.cli.sim gen --arrival gamma --cv 1.5 --rate 1.0 --input uniform:2048:28672 \
+            --output uniform:32:512 --num 200 --prefix-groups 6 --prefix-len uniform:2048:12288 \
+            --seed 7 --out build/long_prefix.jsonl
+        python3 scripts/trace_window.py traces/azure_code.csv --skip 3345 --limit 300 \
+            --out build/azure_code_busy.csv
+        pid=$(serve_bg 18500 "$out/attribution_server.log" --max-prefill-tokens 2048 \
+            --record-steps "$out/engine_steps_all.csv")
+        if wait_ready http://127.0.0.1:18500 "$pid" 240; then
+            for spec in ${ATTR_RUNS:-conv:traces/azure_conv.csv:250:2.0}; do
+                IFS=: read -r name trace limit scale <<<"$spec"
+                run "attr_${name}_x$scale" 400 python3 -m lab.cli.sim validate "$trace" \
+                    --url http://127.0.0.1:18500 --profile profiles/h200_llama-3.1-8b.csv \
+                    --tokenizer .gpu/tokenizer --max-running 256 --max-prefill-tokens 2048 \
+                    --limit "$limit" --rate-scale "$scale" --repeats "${ATTR_REPEATS:-1}" \
+                    --no-report --no-progress --out "$out/attr_${name}_x$scale"
+            done
+        else
+            tail -n 20 "$out/attribution_server.log"
+        fi
+        kill "$pid" 2>/dev/null
+        wait "$pid" 2>/dev/null
+        ;;
     fastmax)  # FlashInfer's plan() with and without the tensor max, each twice in one run
         run fastmax_runner 300 python3 scripts/bench_gpu_runner.py --skip-prefill \
             --variants fused,slow-max,fused,slow-max --batches 1,64,256 --contexts 1024 \
