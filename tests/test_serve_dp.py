@@ -16,12 +16,21 @@ import signal
 import threading
 import time
 from collections.abc import Iterator
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
-from conftest import Server, descendants, running_server, start_server, stop_server, wait_gone
+from conftest import (
+    Server,
+    descendants,
+    greedy_ids,
+    running_server,
+    start_server,
+    stop_server,
+    wait_gone,
+)
 
 from engine.launch.replicas import check_placement
 from engine.launch.serve import serve_main
@@ -36,7 +45,7 @@ PROMPTS = [
     "Once upon a time",
     "The capital of France is",
 ]
-SAMPLE = re.compile(r'^(\w+)\{(.*)\} (\S+)$')
+SAMPLE = re.compile(r"^(\w+)\{(.*)\} (\S+)$")
 
 
 def per_replica(server: Server, name: str) -> dict[str, float]:
@@ -48,19 +57,6 @@ def per_replica(server: Server, name: str) -> dict[str, float]:
             labels = dict(re.findall(r'(\w+)="([^"]*)"', m.group(2)))
             out[labels["replica"]] = float(m.group(3))
     return out
-
-
-def greedy_ids(server: Server, prompt: str) -> list[int]:
-    resp = httpx.post(
-        f"{server.url}/generate",
-        json={
-            "text": prompt,
-            "sampling_params": {"max_new_tokens": 8, "temperature": 0, "ignore_eos": True},
-        },
-        timeout=120,
-    )
-    assert resp.status_code == 200, resp.text
-    return list(resp.json()["output_ids"])
 
 
 @pytest.fixture(scope="module")
@@ -93,6 +89,24 @@ def test_dp2_serves_concurrent_requests_on_both_replicas_as_dp1_does(
     queried = per_replica(dp2, "engine_prefix_cache_queries_total")  # each scheduler's own
     assert queried.keys() == {"0", "1"} and min(queried.values()) > 0
     assert per_replica(dp2, "engine_replica_outstanding_requests") == {"0": 0, "1": 0}
+
+
+def test_sim_validate_simulates_the_server_s_replicas_and_router(dp2: Server) -> None:
+    import argparse
+
+    from lab.bench.server import server_info
+    from lab.validate.command import add_validate_args, sim_config
+
+    info = server_info(dp2.url)
+    assert info.dp == 2 and info.router is not None and info.kv_pages_total == 256
+    parser = argparse.ArgumentParser()
+    add_validate_args(parser.add_subparsers())
+    profile = Path(__file__).resolve().parents[1] / "profiles" / "cpu-xeon-2core_smollm2-135m.csv"
+    argv = ["validate", "t.jsonl", "--url", dp2.url, "--profile", str(profile), "--out", "o"]
+    config = sim_config(parser.parse_args(argv), info, 256)
+    assert (config.replicas, config.router.policy) == (2, "round_robin")
+    sticky = replace(info, router=info.router | {"policy": "session_sticky"})
+    assert sim_config(parser.parse_args(argv), sticky, 256).router.policy == "session_sticky"
 
 
 def test_cache_aware_keeps_a_repeated_prefix_on_one_replica(model_ready: str) -> None:
@@ -143,9 +157,13 @@ def child_of_replica(server: Server, role: str, rank: int, replica: int) -> int:
             argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
         except OSError:
             continue
-        if b"engine.launch.child" in argv and argv[-4:-2] == [role.encode(), str(rank).encode()]:
-            if argv[-2].endswith(f"config{replica}.json".encode()):
-                return pid
+        ours = argv[-4:-2] == [role.encode(), str(rank).encode()]
+        if (
+            b"engine.launch.child" in argv
+            and ours
+            and argv[-2].endswith(b"config%d.json" % replica)
+        ):
+            return pid
     raise AssertionError(f"no {role}{rank} of replica {replica}")
 
 
@@ -213,7 +231,7 @@ def test_bad_dp_flags_are_clear_errors(
 
 
 def test_replicas_need_their_own_gpus_unless_they_share() -> None:
-    with pytest.raises(ValueError, match="4 GPUs needed, 2 visible.*--dp-share-gpu"):
+    with pytest.raises(ValueError, match=r"4 GPUs needed, 2 visible.*--dp-share-gpu"):
         check_placement("cuda", dp=2, tp=2, share_gpu=False, gpus=2)
     check_placement("cuda", dp=2, tp=2, share_gpu=True, gpus=2)
     with pytest.raises(ValueError, match="2 GPUs needed, 1 visible"):
