@@ -217,6 +217,7 @@ def test_kill_9_of_a_replica_fails_its_requests_and_the_other_serves_on(
     [
         (["--dp", "0"], "must be >= 1"),
         (["--dp", "2", "--dp-share-gpu"], "--dp-share-gpu shares CUDA devices"),
+        (["--device", "cuda", "--dp-share-gpu"], "--dp-share-gpu needs --dp 2 or more"),
         (["--router", "nope"], "invalid choice"),
         (["--router-load", "bytes"], "load must be one of"),
     ],
@@ -231,10 +232,10 @@ def test_bad_dp_flags_are_clear_errors(
 
 
 def test_replicas_need_their_own_gpus_unless_they_share() -> None:
-    with pytest.raises(ValueError, match=r"4 GPUs needed, 2 visible.*--dp-share-gpu"):
+    with pytest.raises(ValueError, match=r"4 GPU\(s\) needed, 2 visible.*--dp-share-gpu"):
         check_placement("cuda", dp=2, tp=2, share_gpu=False, gpus=2)
     check_placement("cuda", dp=2, tp=2, share_gpu=True, gpus=2)
-    with pytest.raises(ValueError, match="2 GPUs needed, 1 visible"):
+    with pytest.raises(ValueError, match=r"2 GPU\(s\) needed, 1 visible"):
         check_placement("cuda", dp=2, tp=2, share_gpu=True, gpus=1)
     with pytest.raises(ValueError, match="needs --dp 2 or more"):
         check_placement("cuda", dp=1, tp=1, share_gpu=True, gpus=1)

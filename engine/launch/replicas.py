@@ -44,7 +44,7 @@ def check_placement(device: str, dp: int, tp: int, share_gpu: bool, gpus: int) -
             else f"--dp {dp} --tp {tp} gives each replica its own {tp} GPU(s); "
             "--dp-share-gpu puts the replicas on the same GPUs"
         )
-        raise ValueError(f"{needed} GPUs needed, {gpus} visible: {how}")
+        raise ValueError(f"{needed} GPU(s) needed, {gpus} visible: {how}")
 
 
 def replica_configs(cfg: ServeConfig, share_gpu: bool) -> list[ServeConfig]:
