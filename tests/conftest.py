@@ -152,6 +152,22 @@ def stop_server(server: Server, check: bool = True) -> None:
     server.log_path.unlink(missing_ok=True)
 
 
+def greedy_ids(server: Server, prompt: str) -> list[int]:
+    """Eight greedy tokens of ``prompt`` from ``/generate``."""
+    resp = httpx.post(
+        f"{server.url}/generate",
+        json={
+            "text": prompt,
+            "sampling_params": {"max_new_tokens": 8, "temperature": 0, "ignore_eos": True},
+        },
+        timeout=120,
+    )
+    assert resp.status_code == 200, resp.text
+    ids = resp.json()["output_ids"]
+    assert len(ids) == 8
+    return list(ids)
+
+
 @contextmanager
 def running_server(*args: str, cpu_threads: int = 1, model: str = MODEL) -> Iterator[Server]:
     server = start_server(*args, cpu_threads=cpu_threads, model=model)

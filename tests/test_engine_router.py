@@ -165,7 +165,8 @@ def stream_until(url: str, hurt: Callable[[str], None]) -> tuple[str, str]:
 
 
 def test_route_request_reads_prompt_size_and_session() -> None:
-    from engine.router.keys import TEXT_CHUNK, route_request
+    from core.router.prompt_key import TEXT_CHUNK
+    from engine.router.keys import route_request
 
     chat = {"messages": [{"role": "user", "content": [{"type": "text", "text": "x" * 40}]}],
             "max_completion_tokens": 7, "user": "u1"}  # fmt: skip

@@ -6,7 +6,7 @@ from collections.abc import Iterator
 
 import httpx
 import pytest
-from conftest import Server, running_server
+from conftest import Server, greedy_ids, running_server
 
 pytestmark = pytest.mark.slow
 
@@ -17,21 +17,6 @@ PROMPTS = ["The quick brown fox", "In the beginning", "def fibonacci(n):", "Tea 
 def tp2_server(model_ready: str) -> Iterator[Server]:
     with running_server("--tp", "2", "--num-tokenizers", "2", "--num-pages", "256") as s:
         yield s
-
-
-def greedy_ids(server: Server, prompt: str) -> list[int]:
-    resp = httpx.post(
-        f"{server.url}/generate",
-        json={
-            "text": prompt,
-            "sampling_params": {"max_new_tokens": 8, "temperature": 0, "ignore_eos": True},
-        },
-        timeout=120,
-    )
-    assert resp.status_code == 200, resp.text
-    ids = resp.json()["output_ids"]
-    assert len(ids) == 8
-    return list(ids)
 
 
 def test_tp2_matches_tp1_greedy(server: Server, tp2_server: Server) -> None:

@@ -22,9 +22,11 @@ ROUTER_KEYS = {"router": "policy"} | {
 """Flat key -> ``RouterConfig`` field."""
 
 
-def add_router_flags(parser: argparse.ArgumentParser) -> None:
+def add_router_flags(parser: argparse.ArgumentParser, replicas_flag: str = "--replicas N") -> None:
     """``--router POLICY`` and one ``--router-field`` flag per other field, in a group."""
-    group = parser.add_argument_group("router", "the router core's settings (with --replicas N)")
+    group = parser.add_argument_group(
+        "router", f"the router core's settings (with {replicas_flag})"
+    )
     defaults = RouterConfig()
     for key, name in ROUTER_KEYS.items():
         default = getattr(defaults, name)

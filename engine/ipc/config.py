@@ -6,6 +6,7 @@ from pathlib import Path
 
 import msgspec
 
+from core.router import RouterConfig
 from core.scheduler import SchedulerConfig
 
 MAX_REQUEST_BYTES = 8 * 2**20  # an escaped 128k-token prompt fits with room to spare
@@ -35,6 +36,13 @@ class ServeConfig(msgspec.Struct, kw_only=True):
         finish (0: stop at once). A request body over ``max_request_bytes`` is a 413.
     With ``gc_freeze`` every process freezes its heap once it is ready
     (``engine.ipc.heap``).
+
+    ``dp_size`` replicas (each its scheduler ranks and detokenizer) serve behind
+    the one frontend, which places every request with a ``router`` core; a
+    replica's processes read the config with ``replica`` set to theirs (the
+    frontend and the tokenizer workers, shared by all, read replica 0's).
+    ``gpu_share`` is how many replicas share each of this replica's GPUs: each
+    then takes that share of ``mem_fraction`` of a GPU's memory.
     """
 
     model: str
@@ -49,6 +57,10 @@ class ServeConfig(msgspec.Struct, kw_only=True):
     device: str = "cpu"
     dtype: str = "auto"
     tp_size: int = 1
+    dp_size: int = 1
+    replica: int = 0
+    router: RouterConfig = msgspec.field(default_factory=RouterConfig)
+    gpu_share: int = 1
     num_tokenizers: int = 1
     host: str = "127.0.0.1"
     port: int = 8000
@@ -80,13 +92,32 @@ class ServeConfig(msgspec.Struct, kw_only=True):
     def tokenizer_addr(self, index: int) -> str:
         return self.addr(f"tokenizer{index}")
 
-    scheduler_addr = SocketAddr()
-    detokenizer_addr = SocketAddr()
+    def scheduler_addr_of(self, replica: int) -> str:
+        """The inbox of ``replica``'s scheduler rank 0."""
+        return self.addr(f"scheduler{replica}")
+
+    @property
+    def scheduler_addr(self) -> str:
+        return self.scheduler_addr_of(self.replica)
+
+    @property
+    def detokenizer_addr(self) -> str:
+        return self.addr(f"detokenizer{self.replica}")
+
     frontend_addr = SocketAddr()
     ready_addr = SocketAddr()
 
+    def child_name(self, role: str, rank: int, replica: int | None = None) -> str:
+        """How logs and the launcher name a child: ``scheduler0``, and with several replicas
+        ``scheduler0.r1`` for a process of replica 1 (default: this config's replica;
+        tokenizer workers serve them all)."""
+        shared = self.dp_size == 1 or role == "tokenizer"
+        r = self.replica if replica is None else replica
+        return f"{role}{rank}" if shared else f"{role}{rank}.r{r}"
+
     def save(self) -> Path:
-        path = Path(self.run_dir) / "config.json"
+        """Write this config into the run directory (one file per replica); its path."""
+        path = Path(self.run_dir) / f"config{self.replica}.json"
         path.write_bytes(msgspec.json.encode(self))
         return path
 

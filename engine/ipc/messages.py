@@ -10,6 +10,10 @@ Every message that concerns a request carries its ``rid``. The path of a request
     scheduler ──StatsUpdate──► frontend                (for /metrics)
     every child ──Ready──► launcher                    (after loading)
 
+With several replicas the frontend names the ``replica`` of a request (and of
+its abort) and the tokenizer worker sends it to that replica's scheduler; each
+replica's scheduler and detokenizer form their own closed loop, and a
+replica's scheduler names itself in its ``StatsUpdate``.
 An abort travels through the same tokenizer worker as its request, so the
 scheduler never sees an abort before the request it cancels.
 """
@@ -53,6 +57,8 @@ class GenerateRequest(msgspec.Struct, tag=True, kw_only=True):
     input_ids: list[int] | None = None
     priority: int = 0
     max_tokens_explicit: bool = True  # False: shrink max_new_tokens to fit the context
+    session: str | None = None  # a client's conversation (prompt_cache_key or user), for the router
+    replica: int = 0  # the replica the frontend placed it on
 
 
 class TokenizedRequest(msgspec.Struct, tag=True):
@@ -67,6 +73,7 @@ class TokenizedRequest(msgspec.Struct, tag=True):
 class AbortRequest(msgspec.Struct, tag=True):
     rid: str
     reason: str = "client disconnected"
+    replica: int = 0
 
 
 class RequestOutput(msgspec.Struct, kw_only=True):
@@ -134,6 +141,7 @@ class StatsUpdate(msgspec.Struct, tag=True):
     time: float
     stats: SchedulerStats
     num_preemptions: int = 0
+    replica: int = 0
 
 
 class Ready(msgspec.Struct, tag=True):
@@ -142,6 +150,7 @@ class Ready(msgspec.Struct, tag=True):
     role: str
     rank: int
     pid: int
+    replica: int = 0
     info: dict[str, Any] = {}
 
 

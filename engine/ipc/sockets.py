@@ -55,5 +55,6 @@ def report_ready(cfg: ServeConfig, ctx: Context, role: str, rank: int, **info: o
     sock = ctx.socket(zmq.PUSH)
     sock.setsockopt(zmq.LINGER, 2000)
     sock.connect(cfg.ready_addr)
-    sock.send(messages.encode(messages.Ready(role=role, rank=rank, pid=os.getpid(), info=info)))
+    ready = messages.Ready(role=role, rank=rank, pid=os.getpid(), replica=cfg.replica, info=info)
+    sock.send(messages.encode(ready))
     sock.close()

@@ -85,7 +85,7 @@ def main(argv: list[str] | None = None) -> int:
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, _exit_once)
     die_with_parent(cfg.parent_pid, Path(cfg.run_dir))
-    setup_logging(cfg.log_level, f"{role}{rank}")
+    setup_logging(cfg.log_level, cfg.child_name(role, rank))
     run_role(cfg, role, rank)
     return 0
 

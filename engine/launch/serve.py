@@ -17,11 +17,14 @@ import msgspec
 import uvicorn
 import zmq
 
+from core.router import RouterConfig
+from core.router.options import ROUTER_KEYS, add_router_flags, pop_router_config
 from core.scheduler import SchedulerConfig
 from core.scheduler.options import add_scheduler_flags, scheduler_config
 from engine.ipc.config import MAX_REQUEST_BYTES, ServeConfig
 from engine.launch.launcher import ChildDied, Launcher
 from engine.launch.model_source import ModelSource, resolve_source
+from engine.launch.replicas import check_placement, gpu_count, replica_configs
 from engine.launch.rundir import make_run_dir, remove_run_dir
 from engine.models.setup import ModelNotFoundError
 from engine.server.listener import bind_listener
@@ -65,6 +68,19 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--device", default="cpu", choices=("cpu", "cuda"))
     p.add_argument("--tp", type=positive_int, default=1, help="tensor-parallel degree")
+    p.add_argument(
+        "--dp",
+        type=positive_int,
+        default=1,
+        help="data-parallel replicas behind this frontend, each its own scheduler and TP group "
+        "(on CUDA its own --tp GPUs); --router picks one for every request",
+    )
+    p.add_argument(
+        "--dp-share-gpu",
+        action="store_true",
+        help="put every replica on the same GPU(s), each with 1/dp of the memory the KV pool "
+        "may use (CUDA)",
+    )
     p.add_argument("--num-tokenizers", type=positive_int, default=1)
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=8000, help="0 picks a free port")
@@ -131,13 +147,20 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--ready-timeout", type=float, default=600.0)
     p.add_argument("--log-level", default="info", choices=LOG_LEVELS)
     add_scheduler_flags(p)
+    add_router_flags(p, "--dp N")
     return p
 
 
-def free_tcp_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+def router_config(args: argparse.Namespace) -> RouterConfig:
+    """The router core's settings from ``--router`` and ``--router-*``; ``ValueError`` if bad."""
+    given = {k: v for k, v in vars(args).items() if k in ROUTER_KEYS and v is not None}
+    return pop_router_config(given)
+
+
+def check_replicas(args: argparse.Namespace) -> None:
+    """Raise ``ValueError`` when ``--dp`` replicas cannot be placed as asked."""
+    gpus = gpu_count() if args.device == "cuda" else 0
+    check_placement(args.device, args.dp, args.tp, args.dp_share_gpu, gpus)
 
 
 def make_config(
@@ -159,6 +182,8 @@ def make_config(
         device=args.device,
         dtype=args.dtype,
         tp_size=args.tp,
+        dp_size=args.dp,
+        router=router_config(args),
         num_tokenizers=args.num_tokenizers,
         host=args.host,
         port=port,
@@ -173,7 +198,6 @@ def make_config(
         overlap=args.overlap,
         cpu_threads=args.cpu_threads,
         seed=args.seed,
-        dist_init=f"tcp://127.0.0.1:{free_tcp_port()}" if args.tp > 1 else "",
         log_level=args.log_level,
         gc_freeze=args.gc_freeze,
     )
@@ -191,12 +215,15 @@ def _on_signal(signum: int, frame: FrameType | None) -> None:
 
 
 def serve_main(argv: list[str] | None = None) -> int:
-    """Run the server until SIGINT/SIGTERM or a child dies; returns the exit status."""
+    """Run the server until SIGINT/SIGTERM, a shared child dies or no replica is left; returns
+    the exit status."""
     parser = build_parser()
     args = parser.parse_args(argv)
     configure_logging(args.log_level, "frontend")
     try:
         scheduler_config(args)
+        router_config(args)
+        check_replicas(args)
     except ValueError as exc:
         parser.exit(2, f"error: {exc}\n")
     try:
@@ -214,14 +241,15 @@ def serve_main(argv: list[str] | None = None) -> int:
     run_dir = make_run_dir()
     cfg = make_config(args, source, run_dir, port)
     log.info("run dir %s", run_dir)
-    launcher = Launcher(cfg)
+    launcher = Launcher(replica_configs(cfg, args.dp_share_gpu))
     ctx = zmq.Context()
     status = 0
     try:
         launcher.start()
         ready = launcher.wait_ready(ctx, args.ready_timeout)
-        # the core's settings as rank 0 runs them (the pool it sized included)
-        cfg.scheduler = msgspec.convert(ready["scheduler0"].info["scheduler"], SchedulerConfig)
+        # the core's settings as rank 0 (of replica 0) runs them (the pool it sized included)
+        info = ready[cfg.child_name("scheduler", 0)].info
+        cfg.scheduler = msgspec.convert(info["scheduler"], SchedulerConfig)
         status = run_frontend(cfg, launcher, listener)
     except ChildDied as exc:
         log.error("%s", exc)
@@ -324,7 +352,9 @@ def run_frontend(cfg: ServeConfig, launcher: Launcher, listener: socket.socket) 
         open_requests=lambda: len(ctx.frontend.streams),
         on_shutdown=fail_open_requests,
     )
-    launcher.watch(lambda _: setattr(server, "should_exit", True))
+    launcher.watch(
+        lambda _: setattr(server, "should_exit", True), ctx.frontend.replica_failed_threadsafe
+    )
 
     def announce() -> None:
         while not server.started and not server.should_exit:

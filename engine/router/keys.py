@@ -1,20 +1,16 @@
 """What the router reads of a request body: its prompt as a prefix key, its size, its session.
 
-Text is cut into chunks of ``TEXT_CHUNK`` characters, so the prefix tree
-holds one item per chunk (an approximation, as in SGLang's router, which
-matches characters); token ids are used as they are. The router never
-tokenizes: a text prompt's token count is estimated at ``CHARS_PER_TOKEN``.
+The key and the size of a prompt are ``core.router.prompt_key``'s (text in
+``TEXT_CHUNK``-character chunks, token ids as they are).
 """
 
 from __future__ import annotations
 
-from collections.abc import Hashable
 from typing import Any
 
 from core.router import RouteRequest
+from core.router.prompt_key import prompt_key
 
-TEXT_CHUNK = 16
-CHARS_PER_TOKEN = 4
 OUTPUT_LIMIT_FIELDS = ("max_completion_tokens", "max_tokens", "max_new_tokens")
 
 
@@ -23,13 +19,7 @@ def route_request(rid: str, body: dict[str, Any]) -> RouteRequest:
 
     A field of the wrong type is skipped here (the worker answers it with a 400).
     """
-    text, ids = prompt_of(body)
-    key: tuple[Hashable, ...]
-    if ids is not None:
-        key, input_tokens = tuple(ids), len(ids)
-    else:
-        key = tuple(text[i : i + TEXT_CHUNK] for i in range(0, len(text), TEXT_CHUNK))
-        input_tokens = len(text) // CHARS_PER_TOKEN
+    key, input_tokens = prompt_key(*prompt_of(body))
     session = next(
         (body[k] for k in ("prompt_cache_key", "user") if isinstance(body.get(k), str)), None
     )

@@ -20,7 +20,9 @@ class RunnerArgs:
     ``dtype`` ``auto`` is float32 on CPU and bfloat16 on CUDA. ``num_pages`` None
     sizes the KV pool from ``mem_fraction`` of GPU memory (after weights) or, on
     CPU, from ``cpu_kv_cache_gb`` (at most ``cpu_max_kv_tokens`` tokens); with
-    several ranks the smallest count wins. ``dist_init`` is the
+    several ranks the smallest count wins. ``gpu_share`` > 1 replicas sharing a GPU each
+    take ``mem_fraction / gpu_share`` of its memory for what they allocate (weights and KV
+    pool), whatever the others hold. ``dist_init`` is the
     ``torch.distributed`` rendezvous (``tcp://127.0.0.1:PORT`` or ``file://...``),
     needed when ``tp_size > 1``. ``cpu_threads`` > 0 sets torch's intra-op threads.
     ``vocab_limit`` restricts sampling to the first ids (those a borrowed tokenizer
@@ -44,6 +46,7 @@ class RunnerArgs:
     seed: int = 0
     dist_init: str = ""
     mem_fraction: float = 0.85
+    gpu_share: int = 1
     cpu_kv_cache_gb: float = 1.0
     cpu_max_kv_tokens: int = 65536
     cpu_threads: int = 0
@@ -74,6 +77,8 @@ class RunnerArgs:
             raise ValueError(f"num_pages must be >= 1, got {self.num_pages}")
         if not self.device.startswith(("cpu", "cuda")):
             raise ValueError(f"device must be cpu or cuda, got {self.device!r}")
+        if self.gpu_share < 1:
+            raise ValueError(f"gpu_share must be >= 1, got {self.gpu_share}")
         if not 0.0 < self.mem_fraction <= 1.0:
             raise ValueError(f"mem_fraction must be in (0, 1], got {self.mem_fraction}")
         return self

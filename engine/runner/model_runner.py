@@ -201,7 +201,12 @@ class ModelRunner:
         page_bytes = KVPool.bytes_per_page(
             c.num_layers, self.page_size, kv_heads, c.head_dim, self.dtype
         )
-        if self.device.type == "cuda":
+        if self.device.type == "cuda" and self.args.gpu_share > 1:
+            # free memory says nothing while the other replicas are still loading
+            _, total = torch.cuda.mem_get_info(self.device)
+            share = self.args.mem_fraction / self.args.gpu_share
+            budget = share * total - torch.cuda.memory_allocated(self.device)
+        elif self.device.type == "cuda":
             free, total = torch.cuda.mem_get_info(self.device)
             cached = torch.cuda.memory_reserved(self.device) - torch.cuda.memory_allocated(
                 self.device

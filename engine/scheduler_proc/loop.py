@@ -55,6 +55,7 @@ def runner_args(cfg: ServeConfig) -> RunnerArgs:
         dummy_weights=cfg.dummy_weights,
         seed=cfg.seed,
         dist_init=cfg.dist_init,
+        gpu_share=cfg.gpu_share,
         cpu_threads=cfg.cpu_threads or 0,
         vocab_limit=cfg.vocab_limit,
     )
@@ -93,7 +94,7 @@ def serve_rank0(cfg: ServeConfig, leader: TPLeader) -> None:
     )
     log.info("ready: %d KV pages of %d tokens", runner.num_pages, runner.page_size)
     log.info("overlap scheduling %s", "on" if cfg.overlap_on else "off")
-    loop = SchedulerLoop(engine, inbox, to_detok, to_frontend, cfg.overlap_on)
+    loop = SchedulerLoop(engine, inbox, to_detok, to_frontend, cfg.overlap_on, cfg.replica)
     loop.run()
 
 
@@ -105,9 +106,11 @@ class SchedulerLoop:
         to_detok: zmq.Socket[bytes],
         to_frontend: zmq.Socket[bytes],
         overlap: bool,
+        replica: int,
     ) -> None:
         self.engine = engine
         self.overlap = overlap
+        self.replica = replica
         self.inbox = inbox
         self.to_detok = to_detok
         self.to_frontend = to_frontend
@@ -153,7 +156,10 @@ class SchedulerLoop:
         if not force and now - self.last_stats_time < STATS_INTERVAL_S:
             return
         update = messages.StatsUpdate(
-            time=now, stats=self.engine.stats(), num_preemptions=self.engine.num_preemptions
+            time=now,
+            stats=self.engine.stats(),
+            num_preemptions=self.engine.num_preemptions,
+            replica=self.replica,
         )
         last = self.last_stats
         if last is not None and (last.stats, last.num_preemptions) == (

@@ -1,9 +1,11 @@
 """The frontend's side of the pipeline: submit requests, route their outputs back by rid.
 
-One ``Frontend`` per server process. ``submit`` sends a request to a tokenizer
-worker (round-robin) and returns a ``RequestStream``; a background task reads
-``TextBatch`` messages and puts each item on the queue of its rid. Aborts go
-to the worker that got the request, so they arrive after it.
+One ``Frontend`` per server process. ``submit`` places a request on a replica
+(``Replicas``: the router core, told of every request's end), sends it to a
+tokenizer worker (round-robin) and returns a ``RequestStream``; a background
+task reads ``TextBatch`` messages and puts each item on the queue of its rid.
+Aborts go to the worker that got the request, so they arrive after it. When a
+replica fails, its open requests fail with 503 and the others keep serving.
 
 Admission: a request is *queued* from ``submit`` until its first output item
 arrives (it is being tokenized, waits in the scheduler, or is in prefill).
@@ -30,6 +32,7 @@ from engine.ipc import messages
 from engine.ipc.config import ServeConfig
 from engine.server.errors import APIError
 from engine.server.metrics import ServerMetrics
+from engine.server.replicas import Replicas
 
 log = logging.getLogger(__name__)
 RETRY_AFTER_MAX_S = 60
@@ -116,12 +119,12 @@ class RequestStream:
                 ) from None
         if item.error is not None:
             self.done = True
-            self.frontend.forget(self.rid)
+            self.frontend.forget(self.rid, finished=False)
             raise APIError(item.error, item.error_status)
         self.result.add(item)
         if item.finish_reason is not None:
             self.done = True
-            self.frontend.forget(self.rid)
+            self.frontend.forget(self.rid, finished=True)
             self.frontend.metrics.on_finished(self.result.received, self.result)
         return item
 
@@ -146,7 +149,7 @@ class Frontend:
         self.metrics = metrics
         self.streams: dict[str, RequestStream] = {}
         self.worker_of: dict[str, int] = {}
-        self.stats: messages.StatsUpdate | None = None
+        self.replicas = Replicas(cfg.router, cfg.dp_size)
         self.finish_times: deque[float] = deque(maxlen=FINISH_WINDOW)
         self._next_worker = itertools.cycle(range(cfg.num_tokenizers))
         self._ctx = zmq.Context()
@@ -154,9 +157,12 @@ class Frontend:
         self._to_tokenizers: list[zmq.Socket[bytes]] = []
         self._inbox: zmq.asyncio.Socket | None = None
         self._task: asyncio.Task[None] | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
         metrics.track_open(lambda: len(self.streams))
+        metrics.track_replicas(self.replicas)
 
     async def start(self) -> None:
+        self._loop = asyncio.get_running_loop()
         for i in range(self.cfg.num_tokenizers):
             sock = self._ctx.socket(zmq.PUSH)
             sock.setsockopt(zmq.LINGER, 0)
@@ -208,11 +214,14 @@ class Frontend:
             )
 
     def submit(self, req: messages.GenerateRequest) -> RequestStream:
-        """Send ``req`` into the pipeline; its outputs arrive on the returned stream."""
+        """Place ``req`` on a replica and send it into the pipeline; its outputs arrive on the
+        returned stream."""
+        req.replica = self.replicas.place(req)
         worker = next(self._next_worker)
         try:
             self._to_tokenizers[worker].send(messages.encode(req), zmq.NOBLOCK)
         except zmq.Again:
+            self.replicas.ended(req.rid, finished=False)
             self.metrics.on_rejected("pipeline_full")
             raise APIError(
                 f"tokenizer {worker} is not keeping up; retry later",
@@ -223,38 +232,65 @@ class Frontend:
         stream = RequestStream(self, req.rid, req.received, self.cfg.request_timeout)
         self.streams[req.rid] = stream
         self.worker_of[req.rid] = worker
-        log.debug("rid %s sent to tokenizer %d", req.rid, worker)
+        log.debug("rid %s sent to tokenizer %d for replica %d", req.rid, worker, req.replica)
         return stream
 
     def abort(self, rid: str, reason: str = "client disconnected") -> None:
-        worker = self.worker_of.get(rid)
-        self.forget(rid)
-        if worker is None:
+        sent = rid in self.worker_of
+        self._send_abort(rid, reason)
+        self.forget(rid, finished=False)
+        if not sent:
             return
         log.info("rid %s aborted: %s", rid, reason)
         if reason == "client disconnected":
             self.metrics.on_aborted()
-        self._send_abort(worker, messages.AbortRequest(rid=rid, reason=reason))
 
-    def _send_abort(self, worker: int, msg: messages.AbortRequest) -> None:
-        """Best effort: a tokenizer that is gone or stuck does not block the frontend."""
+    def _send_abort(self, rid: str, reason: str) -> None:
+        """Tell ``rid``'s scheduler (through its tokenizer worker) to drop it, unless it is not
+        open or its replica is down. Best effort: a tokenizer that is gone or stuck does not
+        block the frontend."""
+        worker, replica = self.worker_of.get(rid), self.replicas.replica_of(rid)
+        if worker is None or replica is None:
+            return
+        msg = messages.AbortRequest(rid=rid, reason=reason, replica=replica)
         with contextlib.suppress(zmq.Again):
             self._to_tokenizers[worker].send(messages.encode(msg), zmq.NOBLOCK)
 
     def end_all(self, reason: str) -> None:
         """Fail every open request with 503 ``reason`` (the server is stopping); abort each."""
         for rid, stream in list(self.streams.items()):
-            item = messages.TextItem(rid=rid, text="", error=reason, error_status=503)
-            stream.queue.put_nowait(item)
-            worker = self.worker_of.get(rid)
-            if worker is not None:
-                self._send_abort(worker, messages.AbortRequest(rid=rid, reason="server shutdown"))
+            self._fail(stream, reason)
+            self._send_abort(rid, "server shutdown")
         if self.streams:
             log.info("failed %d open requests: %s", len(self.streams), reason)
 
-    def forget(self, rid: str) -> None:
+    def replica_failed(self, replica: int, reason: str) -> None:
+        """Take ``replica`` out of the rotation and fail its open requests with 503."""
+        rids = self.replicas.fail(replica, reason)
+        for rid in rids:
+            stream = self.streams.get(rid)
+            if stream is not None:
+                self._fail(stream, f"replica {replica} is down: {reason}")
+        log.error(
+            "replica %d is down (%s); failed its %d open requests", replica, reason, len(rids)
+        )
+
+    def replica_failed_threadsafe(self, replica: int, reason: str) -> None:
+        """``replica_failed`` from another thread (the launcher's watcher)."""
+        if self._loop is not None:
+            self._loop.call_soon_threadsafe(self.replica_failed, replica, reason)
+
+    @staticmethod
+    def _fail(stream: RequestStream, reason: str) -> None:
+        stream.queue.put_nowait(
+            messages.TextItem(rid=stream.rid, text="", error=reason, error_status=503)
+        )
+
+    def forget(self, rid: str, finished: bool) -> None:
+        """``rid`` ended (finished, or not); the router learns of it."""
         self.streams.pop(rid, None)
         self.worker_of.pop(rid, None)
+        self.replicas.ended(rid, finished)
 
     async def _receive_loop(self, inbox: zmq.asyncio.Socket) -> None:
         while True:
@@ -271,7 +307,6 @@ class Frontend:
                         )
                         stream.queue.put_nowait(item)
             elif isinstance(msg, messages.StatsUpdate):
-                self.stats = msg
                 self.metrics.on_stats(msg)
             elif msg is not None:
                 log.error("unexpected message %s", type(msg).__name__)

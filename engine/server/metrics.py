@@ -1,10 +1,12 @@
 """Prometheus metrics of one server, named as vLLM names them (``vllm:X`` is ``engine_X``).
 
-Gauges and the prefix-cache counters mirror the scheduler's ``StatsUpdate``;
-the other counters and the histograms are observed by the frontend from the
-stage timestamps the pipeline carries (TTFT = first token - received, ITL =
-gap between consecutive tokens, queue time = first scheduled - received, E2E
-= finished - received). Every series has the label ``model_name``.
+Gauges and the prefix-cache and preemption counters mirror each replica's
+scheduler (its ``StatsUpdate``) and carry the label ``replica``; the other
+counters and the histograms are observed by the frontend from the stage
+timestamps the pipeline carries (TTFT = first token - received, ITL = gap
+between consecutive tokens, queue time = first scheduled - received, E2E =
+finished - received). Every series has the label ``model_name``. The router's
+books per replica come from ``engine.server.replica_metrics``.
 """
 
 from __future__ import annotations
@@ -17,6 +19,8 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, gene
 
 from core.scheduler.config import SchedulerStats
 from engine.ipc import messages
+from engine.server.replica_metrics import ReplicaCollector
+from engine.server.replicas import Replicas
 
 LATENCY_BUCKETS = (
     0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.5, 0.75,
@@ -50,14 +54,18 @@ class ServerMetrics:
         self.registry = CollectorRegistry()
         self.model = model
         self.stats_gauges = [
-            (self._metric(Gauge, name, help_), value) for name, help_, value in STATS_GAUGES
+            (self._per_replica(Gauge, name, help_), value) for name, help_, value in STATS_GAUGES
         ]
-        counter = self._counter
-        self.prefix_queries = counter(
-            "prefix_cache_queries", "Prompt tokens looked up in the cache"
+        self.prefix_queries = self._per_replica(
+            Counter, "engine_prefix_cache_queries", "Prompt tokens looked up in the cache"
         )
-        self.prefix_hits = counter("prefix_cache_hits", "Prompt tokens found in the prefix cache")
-        self.preemptions = counter("num_preemptions", "Requests preempted (KV pages ran out)")
+        self.prefix_hits = self._per_replica(
+            Counter, "engine_prefix_cache_hits", "Prompt tokens found in the prefix cache"
+        )
+        self.preemptions = self._per_replica(
+            Counter, "engine_num_preemptions", "Requests preempted (KV pages ran out)"
+        )
+        counter = self._counter
         self.prompt_tokens = counter("prompt_tokens", "Prompt tokens of started requests")
         self.generation_tokens = counter("generation_tokens", "Generated tokens")
         self.aborted = counter("requests_aborted", "Requests aborted by clients")
@@ -89,12 +97,16 @@ class ServerMetrics:
             "(0 with --no-gc-freeze)",
         )
         gc_frozen.set_function(gc.get_freeze_count)
-        self._last_stats: messages.StatsUpdate | None = None
+        self._last_stats: dict[int, messages.StatsUpdate] = {}  # by replica
 
     def _metric(self, kind: type[M], name: str, help_: str, **kwargs: Any) -> M:
         """A new metric of ``kind``; the returned child is the one of this server's model."""
         metric = kind(name, help_, ["model_name"], registry=self.registry, **kwargs)
         return metric.labels(self.model)
+
+    def _per_replica(self, kind: type[M], name: str, help_: str) -> M:
+        """A new metric of ``kind`` with the labels ``model_name`` and ``replica``."""
+        return kind(name, help_, ["model_name", "replica"], registry=self.registry)
 
     def _counter(self, name: str, help_: str) -> Counter:
         return self._metric(Counter, f"engine_{name}", help_)
@@ -143,18 +155,33 @@ class ServerMetrics:
         self.rejected.labels(self.model, reason).inc()
 
     def on_stats(self, update: messages.StatsUpdate) -> None:
-        stats = update.stats
+        stats, labels = update.stats, (self.model, str(update.replica))
         for gauge, value in self.stats_gauges:
-            gauge.set(value(stats))
-        last = self._last_stats
-        self.prefix_queries.inc(stats.prompt_tokens - (last.stats.prompt_tokens if last else 0))
-        self.prefix_hits.inc(stats.cached_tokens - (last.stats.cached_tokens if last else 0))
-        self.preemptions.inc(update.num_preemptions - (last.num_preemptions if last else 0))
-        self._last_stats = update
+            gauge.labels(*labels).set(value(stats))
+        last = self._last_stats.get(update.replica)
+        self.prefix_queries.labels(*labels).inc(
+            stats.prompt_tokens - (last.stats.prompt_tokens if last else 0)
+        )
+        self.prefix_hits.labels(*labels).inc(
+            stats.cached_tokens - (last.stats.cached_tokens if last else 0)
+        )
+        self.preemptions.labels(*labels).inc(
+            update.num_preemptions - (last.num_preemptions if last else 0)
+        )
+        self._last_stats[update.replica] = update
 
     def track_open(self, count: Callable[[], int]) -> None:
         """Report ``count()`` as the number of open requests at each scrape."""
         self.open_requests.set_function(count)
+
+    def track_replicas(self, replicas: Replicas) -> None:
+        """Report the router's books per replica at each scrape; every replica's scheduler
+        series start at zero."""
+        self.registry.register(ReplicaCollector(self.model, replicas))
+        metrics = [g for g, _ in self.stats_gauges]
+        for replica in replicas.core.workers:
+            for metric in (*metrics, self.prefix_queries, self.prefix_hits, self.preemptions):
+                metric.labels(self.model, replica)
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

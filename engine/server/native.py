@@ -69,7 +69,12 @@ async def health(request: Request) -> Response:
     if reason is not None:
         status = "draining" if ctx.draining and ctx.health() is None else "unhealthy"
         return JSONResponse({"status": status, "reason": reason}, status_code=503)
-    return JSONResponse({"status": "ok"})
+    replicas = ctx.frontend.replicas
+    body: dict[str, Any] = {"status": "degraded" if replicas.down else "ok"}
+    body["replicas"] = replicas.states()
+    if replicas.down:
+        body["reason"] = "; ".join(f"replica {r}: {why}" for r, why in replicas.down.items())
+    return JSONResponse(body)
 
 
 @router.get("/metrics")

@@ -191,6 +191,7 @@ async def answer(
 ) -> Response:
     """Answer ``req`` in ``shape``, streamed if ``body`` asks for it."""
     include_usage = bool(body.stream_options and body.stream_options.include_usage)
+    req.session = getattr(body, "prompt_cache_key", None) or body.user
     for field in ("user", "safety_identifier", "prompt_cache_key"):
         value = getattr(body, field, None)
         if value is not None:
@@ -264,5 +265,7 @@ async def models(request: Request) -> Response:
         "max_model_len": ctx.cfg.max_model_len,
         "overlap_scheduling": ctx.cfg.overlap_on,
         "scheduler": asdict(ctx.cfg.scheduler),
+        "dp": ctx.cfg.dp_size,
+        "router": asdict(ctx.cfg.router),
     }
     return JSONResponse({"object": "list", "data": [card]})

@@ -1,7 +1,8 @@
 """A tokenizer worker process: requests in from the frontend, token ids out to the scheduler.
 
 Aborts from the frontend pass through the same worker as their request, so
-they reach the scheduler after it. A dummy-weight model whose vocabulary is
+they reach the scheduler after it. Each request goes to the scheduler of the
+replica the frontend named. A dummy-weight model whose vocabulary is
 smaller than its borrowed tokenizer sees prompt ids folded into its vocabulary
 (id mod vocabulary size): its weights are random, only the shape of the work counts.
 """
@@ -23,8 +24,9 @@ log = logging.getLogger(__name__)
 
 def run_tokenizer(cfg: ServeConfig, index: int) -> None:
     tokenizer = load_tokenizer(cfg.tokenizer_path)
-    ctx, inbox, (to_scheduler, to_frontend) = open_sockets(
-        cfg.tokenizer_addr(index), cfg.scheduler_addr, cfg.frontend_addr
+    replicas = [cfg.scheduler_addr_of(r) for r in range(cfg.dp_size)]
+    ctx, inbox, (to_frontend, *to_scheduler) = open_sockets(
+        cfg.tokenizer_addr(index), cfg.frontend_addr, *replicas
     )
     report_ready(cfg, ctx, "tokenizer", index)
     log.info("ready: %s", cfg.tokenizer_path)
@@ -33,7 +35,7 @@ def run_tokenizer(cfg: ServeConfig, index: int) -> None:
         if msg is None:
             continue
         if isinstance(msg, messages.AbortRequest):
-            to_scheduler.send(messages.encode(msg))
+            to_scheduler[msg.replica].send(messages.encode(msg))
         elif isinstance(msg, messages.GenerateRequest):
             try:
                 out = tokenize(tokenizer, msg, cfg)
@@ -43,7 +45,7 @@ def run_tokenizer(cfg: ServeConfig, index: int) -> None:
                 to_frontend.send(messages.encode(messages.TextBatch(items=[item])))
                 continue
             log.debug("rid %s tokenized: %d tokens", msg.rid, len(out.input_ids))
-            to_scheduler.send(messages.encode(out))
+            to_scheduler[msg.replica].send(messages.encode(out))
         else:
             log.error("unexpected message %s", type(msg).__name__)
 

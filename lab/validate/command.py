@@ -3,7 +3,9 @@
     sim validate TRACE --url URL --profile FILE [--repeats 2] --out DIR
 
 1. Read the server: its model and context (``/v1/models``) and its KV pages
-   (``engine_kv_pages_total`` in ``/metrics``). The scheduler's other limits
+   (``engine_kv_pages_total`` in ``/metrics``, per replica); a server with
+   ``dp`` replicas is simulated as a cluster of as many replicas behind the
+   router its card names (``sim replay --replicas N --router P``). The scheduler's other limits
    (page size, max running, prefill budget, policy, tokenizer workers) are
    flags with ``engine serve``'s defaults: give the values the server runs with.
 2. Drop the trace's requests the server cannot take (prompt plus output
@@ -34,6 +36,8 @@ from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from core.router import RouterConfig
+from core.router.options import router_keys
 from core.scheduler.options import add_scheduler_flags
 from lab.outputs import write_outputs
 from lab.validate.capacity import add_capacity_flags, format_capacity, run_capacity
@@ -96,15 +100,19 @@ def servable(trace: Trace, max_model_len: int | None) -> tuple[Trace, int]:
 
 
 def sim_config(args: argparse.Namespace, info: ServerInfo, num_pages: int) -> SimConfig:
-    """The flags named after a ``SimConfig`` field, the server's model, pages, overlap mode and
-    scheduler settings (those that neither a flag nor the config file sets), the profile's
-    ``table`` model and dtype."""
+    """The flags named after a ``SimConfig`` field, the server's model, pages, overlap mode,
+    scheduler settings, replicas and router (those that neither a flag nor the config file
+    sets), the profile's ``table`` model and dtype."""
     flags = {name: getattr(args, name) for name in CONFIG_KEYS if hasattr(args, name)}
     if flags.get("overlap") is None:
         flags["overlap"] = info.overlap
     in_file = read_config_file(args.config).keys() if args.config else set()
-    for name, value in (info.scheduler or {}).items():
-        if name in SCHEDULER_KEYS and flags.get(name) is None and name not in in_file:
+    server = {k: v for k, v in (info.scheduler or {}).items() if k in SCHEDULER_KEYS}
+    server["replicas"] = info.dp
+    if info.router is not None:
+        server |= router_keys(RouterConfig(**info.router))
+    for name, value in server.items():
+        if flags.get(name) is None and name not in in_file:
             flags[name] = value
     dtype = profile_dtype(args.profile)
     model = args.model or info.model
