@@ -107,14 +107,18 @@ class SchedulerConfig:
 
     def sized_host_tier(self, bytes_per_page: int) -> SchedulerConfig:
         """This config with ``host_kv_pages`` from ``host_kv_gb`` (pages of ``bytes_per_page``)."""
-        if self.host_kv_pages or self.host_kv_gb == 0:
-            return self
-        pages = int(self.host_kv_gb * 1e9) // bytes_per_page
-        if pages < 1:
-            raise ValueError(
-                f"host_kv_gb {self.host_kv_gb} holds no page of {bytes_per_page} bytes"
-            )
-        return replace(self, host_kv_pages=pages)
+        pages = host_pages_for(self.host_kv_gb, self.host_kv_pages, bytes_per_page)
+        return self if pages == self.host_kv_pages else replace(self, host_kv_pages=pages)
+
+
+def host_pages_for(host_kv_gb: float, host_kv_pages: int, bytes_per_page: int) -> int:
+    """Host tier pages: ``host_kv_pages`` when given, else as many as ``host_kv_gb`` holds."""
+    if host_kv_pages or host_kv_gb == 0:
+        return host_kv_pages
+    pages = int(host_kv_gb * 1e9) // bytes_per_page
+    if pages < 1:
+        raise ValueError(f"host_kv_gb {host_kv_gb} holds no KV page of {bytes_per_page} bytes")
+    return pages
 
 
 def _check_positive(name: str, value: object) -> None:

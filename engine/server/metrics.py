@@ -38,6 +38,8 @@ STATS_GAUGES: tuple[tuple[str, str, Callable[[SchedulerStats], float]], ...] = (
     ("engine_kv_pages_cached", "Evictable pages in the prefix cache", lambda s: s.pages_cached),
     ("engine_kv_pages_held", "KV pages held by live requests", lambda s: s.pages_held),
     ("engine_prefix_cache_hit_rate", "Cached over prompt tokens", lambda s: s.prefix_hit_rate),
+    ("engine_kv_host_pages_total", "Pages of the host KV tier (0: none)", lambda s: s.host_pages),
+    ("engine_kv_host_pages_used", "Host KV tier pages holding KV", lambda s: s.host_pages_used),
 )
 
 M = TypeVar("M", Counter, Gauge, Histogram)
@@ -57,6 +59,13 @@ class ServerMetrics:
             "prefix_cache_queries", "Prompt tokens looked up in the cache"
         )
         self.prefix_hits = counter("prefix_cache_hits", "Prompt tokens found in the prefix cache")
+        self.external_hits = counter(
+            "external_prefix_cache_hits",
+            "Prompt tokens found in the host KV tier (loaded; part of prefix_cache_hits)",
+        )
+        self.host_loaded = counter("kv_host_loaded_tokens", "KV tokens loaded from the host tier")
+        self.host_written = counter("kv_host_written_tokens", "KV tokens written to the host tier")
+        self.host_load_s = counter("kv_host_load_seconds", "Time spent loading from the host tier")
         self.preemptions = counter("num_preemptions", "Requests preempted (KV pages ran out)")
         self.prompt_tokens = counter("prompt_tokens", "Prompt tokens of started requests")
         self.generation_tokens = counter("generation_tokens", "Generated tokens")
@@ -149,6 +158,15 @@ class ServerMetrics:
         last = self._last_stats
         self.prefix_queries.inc(stats.prompt_tokens - (last.stats.prompt_tokens if last else 0))
         self.prefix_hits.inc(stats.cached_tokens - (last.stats.cached_tokens if last else 0))
+        before = last.stats if last else None
+        self.external_hits.inc(stats.host_hit_tokens - (before.host_hit_tokens if before else 0))
+        self.host_loaded.inc(
+            stats.host_loaded_tokens - (before.host_loaded_tokens if before else 0)
+        )
+        self.host_written.inc(
+            stats.host_written_tokens - (before.host_written_tokens if before else 0)
+        )
+        self.host_load_s.inc(update.host_load_s - (last.host_load_s if last else 0.0))
         self.preemptions.inc(update.num_preemptions - (last.num_preemptions if last else 0))
         self._last_stats = update
 
