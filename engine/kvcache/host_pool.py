@@ -48,10 +48,6 @@ class HostKVPool:
         self._load_s = 0.0
         self._load_events: list[tuple[torch.cuda.Event, torch.cuda.Event]] = []
 
-    @property
-    def num_slots(self) -> int:
-        return int(self.slots.shape[0])
-
     def run(self, writes: Sequence[tuple[int, int]], loads: Sequence[tuple[int, int]]) -> None:
         """Copy ``writes`` (page, slot), then ``loads`` (slot, page), before the next compute."""
         if self.stream is None:
