@@ -83,10 +83,17 @@ def settled_metric(server: Server, name: str) -> float:
     return value
 
 
-@pytest.mark.parametrize("policy", ["write_back", "write_through"])
-def test_an_evicted_prefix_is_served_from_the_host(model_ready: str, policy: str) -> None:
+@pytest.mark.parametrize(
+    ("policy", "tp"),
+    [
+        ("write_back", "1"),
+        ("write_through", "1"),
+        pytest.param("write_back", "2", marks=pytest.mark.slow),  # every rank copies its shard
+    ],
+)
+def test_an_evicted_prefix_is_served_from_the_host(model_ready: str, policy: str, tp: str) -> None:
     args = ("--num-pages", "14", "--page-size", str(PAGE), "--host-kv-gb", "0.05",
-            "--host-kv-policy", policy)  # fmt: skip
+            "--host-kv-policy", policy, "--tp", tp)  # fmt: skip
     with running_server(*args) as server:
         cold = generate(server, PROMPTS["a"])
         generate(server, PROMPTS["b"])
