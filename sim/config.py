@@ -9,6 +9,9 @@ context):
     kv bytes per GPU = hbm * gpu_memory_fraction - weight bytes / tp
     num_pages        = kv bytes per GPU // (page_size * KV bytes per token per GPU)
 
+The host KV tier (``host_kv_gb``, per GPU as the engine's is per rank) is sized
+into ``host_kv_pages`` with the same bytes per page.
+
 Step times: ``build_config`` (every command) prices steps with the ``table``
 model of the committed profile of the model on the hardware
 (``sim.costs.committed``) unless a profile or a cost model is asked for, and
@@ -116,8 +119,10 @@ class SimConfig:
         return pages
 
     def scheduler_config(self) -> SchedulerConfig:
-        """The core's configuration, with ``num_pages`` sized."""
-        return replace(self.scheduler, num_pages=self.resolved_num_pages())
+        """The core's configuration, with ``num_pages`` and the host tier sized."""
+        page_bytes = self.scheduler.page_size * self.kv_bytes_per_token_per_gpu()
+        sized = replace(self.scheduler, num_pages=self.resolved_num_pages())
+        return sized.sized_host_tier(math.ceil(page_bytes))
 
     @classmethod
     def from_flat(cls, **values: Any) -> SimConfig:

@@ -12,7 +12,7 @@ import pandas as pd
 from tqdm import tqdm
 
 from core.router import Router
-from core.scheduler import Scheduler
+from core.scheduler import Scheduler, SchedulerStats
 from schema.jsonsafe import json_safe
 from schema.metrics import REQUEST_COLUMNS, TIME_COLUMNS, summarize
 from schema.run import RunResult
@@ -20,6 +20,8 @@ from schema.traces import Trace
 from sim.config import SimConfig
 from sim.costs import load_cpu_costs, make_cost_model, read_profile
 from sim.costs.base import CpuCosts, GpuCostModel
+from sim.costs.copies import CopyCosts, copy_costs
+from sim.costs.presets import hardware
 from sim.model.calls import RecordingScheduler
 from sim.model.cluster import Cluster
 from sim.model.pipeline import Pipeline
@@ -57,6 +59,28 @@ def build_costs(config: SimConfig) -> tuple[GpuCostModel, CpuCosts]:
     return gpu, cpu
 
 
+def build_copy_costs(config: SimConfig) -> CopyCosts | None:
+    """The prices of the host tier's copies; None without a host tier."""
+    if not config.scheduler_config().host_pages:
+        return None
+    profile = read_profile(config.profile) if config.profile else None
+    return copy_costs(profile, hardware(config.hardware), config.kv_bytes_per_token_per_gpu())
+
+
+def host_kv_summary(stats: list[SchedulerStats], copies: CopyCosts | None) -> dict[str, Any]:
+    """The host KV tier's counters over the replicas, and what priced its copies."""
+    if copies is None:
+        return {"enabled": False}
+    return {
+        "enabled": True,
+        "host_pages": sum(st.host_pages for st in stats),
+        "host_hit_tokens": sum(st.host_hit_tokens for st in stats),
+        "host_loaded_tokens": sum(st.host_loaded_tokens for st in stats),
+        "host_written_tokens": sum(st.host_written_tokens for st in stats),
+        "copy_costs": copies.describe(),
+    }
+
+
 def run_replay(
     trace: Trace,
     config: SimConfig,
@@ -81,7 +105,9 @@ def run_replay(
         if progress and len(trace.requests) >= PROGRESS_MIN_REQUESTS
         else None
     )
-    loop = LoopSettings(config.overlap, config.fast_forward, config.max_run_steps)
+    loop = LoopSettings(
+        config.overlap, config.fast_forward, config.max_run_steps, copies=build_copy_costs(config)
+    )
     sim: Pipeline | Cluster
     if as_cluster:
         router = Router(config.router)
@@ -139,6 +165,7 @@ def run_replay(
     summary["config"] = config.to_dict()
     summary["cost_model"] = gpu.describe() | {"chosen": config.cost_model_choice()}
     summary["cpu_costs"] = cpu.describe()
+    summary["host_kv"] = host_kv_summary(stats, loop.copies)
     summary["trace"] = trace.describe()
     summary["fast_forward"] = fast_forward
     summary["replicas"] = replica_summaries(requests, steps, stats, summary["duration_s"])

@@ -19,6 +19,9 @@ from lab.validate.regime import REGIMES
 from schema.traces import TraceRequest, generate
 from sim.costs import TableCostModel, load_cpu_costs, read_profile
 from sim.costs.base import CpuCosts
+from sim.costs.copies import copy_costs
+from sim.costs.presets import hardware
+from sim.costs.profile import COPY_KINDS
 
 pytestmark = pytest.mark.slow
 TINY_GRID = [
@@ -46,7 +49,9 @@ def test_engine_profile_writes_a_valid_profile(profile: Path) -> None:
     assert kinds == {"prefill", "decode", "mixed"}
     assert sum(r.split == "holdout" for r in p.steps) == 3
     assert all(0 < r.min_s <= r.duration_s <= r.max_s < 5 for r in p.steps)
-    assert set(p.cpu) == set(CpuCosts.KINDS)
+    assert set(p.cpu) == set(CpuCosts.KINDS) | set(COPY_KINDS)
+    copies = copy_costs(p, hardware("h200"), 1.0)  # the profile's rows, not the preset's link
+    assert copies.source == p.path and copies.load_per_token > 0 and copies.write_per_token > 0
     table = TableCostModel(p)
     assert table.errors["holdout"]["rows"] == 3
     bigger = max(p.steps, key=lambda r: r.shape.prefill_tokens).shape

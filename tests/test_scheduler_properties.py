@@ -88,6 +88,8 @@ class SchedulerMachine(RuleBasedStateMachine):
         reserve=st.booleans(),
         overlap=st.booleans(),
         seed=st.integers(0, 3),
+        host_pages=st.sampled_from([0, 0, 4, 16]),
+        write_through=st.booleans(),
     )
     def setup(
         self,
@@ -100,6 +102,8 @@ class SchedulerMachine(RuleBasedStateMachine):
         reserve: bool,
         overlap: bool,
         seed: int,
+        host_pages: int,
+        write_through: bool,
     ) -> None:
         self.config = SchedulerConfig(
             num_pages=num_pages,
@@ -110,6 +114,8 @@ class SchedulerMachine(RuleBasedStateMachine):
             prefix_cache=prefix_cache,
             reserve_decode=reserve,
             new_token_ratio_decay_steps=8,
+            host_kv_pages=host_pages,
+            host_kv_policy="write_through" if write_through else "write_back",
         )
         self.overlap = overlap
         self.seed = seed
@@ -220,6 +226,7 @@ class SchedulerMachine(RuleBasedStateMachine):
         for _ in range(k):
             plan = reference.schedule(self.now)
             assert not plan.prefill and not plan.preempted and not plan.aborted
+            assert not plan.has_copies, "a decode run carries no host tier copies"
             blocked.add(plan.blocked)
             pending.append(plan)
             events = reference.complete(pending.pop(0), None)
@@ -385,7 +392,9 @@ def _state(s: Scheduler) -> object:
         for rid, r in s.requests.items()
     }
     cache = s.memory.cache
-    nodes = sorted((tuple(n.pages), n.ref, n.last_access) for n in cache.nodes()) if cache else []
+    nodes = []
+    if cache is not None:
+        nodes = sorted((tuple(n.pages), tuple(n.host), n.ref, n.last_access) for n in cache.nodes())
     flight = (s.in_flight.plans(), s.in_flight.completed)
     return (reqs, s.memory.allocator.free_pages(), nodes, s.step, s.stats(), flight,
             s.reservation.steps)  # fmt: skip

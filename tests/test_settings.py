@@ -21,6 +21,7 @@ import pytest
 from conftest import running_server
 
 from core.scheduler import POLICIES, SchedulerConfig
+from core.scheduler.config import HOST_KV_POLICIES
 from core.scheduler.options import flag
 from engine.ipc.config import ServeConfig
 from engine.launch.model_source import resolve_source
@@ -42,6 +43,10 @@ def changed_value(name: str, default: Any) -> Any:
         return not default
     if name == "policy":
         return next(p for p in sorted(POLICIES) if p != default)
+    if name == "host_kv_policy":
+        return next(p for p in HOST_KV_POLICIES if p != default)
+    if name == "host_kv_gb":  # 0: the tier is off
+        return 1.5
     if default is None:  # num_pages: left out means "sized from memory"
         return 97
     if isinstance(default, int):

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
+
+HOST_KV_POLICIES = ("write_back", "write_through")
 
 
 def _setting(default: Any, help: str) -> Any:
@@ -30,6 +32,15 @@ class SchedulerConfig:
     falls to ``min_new_token_ratio`` over ``new_token_ratio_decay_steps`` decode
     steps and restarts after a preemption. The defaults are SGLang's (0.7,
     0.7 x 0.14, 600 steps).
+
+    The host KV tier (``core.scheduler.host_tier``) keeps pages evicted from
+    the device in host memory and loads them back on a hit. ``host_kv_gb`` 0
+    turns it off (the scheduler is then exactly the one without a tier); like
+    ``num_pages``, each world turns the gigabytes into ``host_kv_pages`` from
+    its bytes per page, unless ``host_kv_pages`` is given. ``host_kv_policy``
+    says when a page is copied to the host: ``write_back`` when the device
+    evicts it, ``write_through`` as soon as it enters the prefix cache. The
+    tier holds prefix cache pages: without ``prefix_cache`` it is not built.
     """
 
     num_pages: int | None = _setting(None, "KV pages; left out: as many as the KV memory holds")
@@ -45,6 +56,13 @@ class SchedulerConfig:
     min_new_token_ratio: float = _setting(0.098, "the ratio's floor")
     new_token_ratio_decay_steps: int = _setting(
         600, "decode steps from the initial ratio to the floor"
+    )
+    host_kv_gb: float = _setting(0.0, "host KV tier capacity in GB; 0: no host tier")
+    host_kv_pages: int = _setting(0, "host KV tier capacity in pages; 0: from --host-kv-gb")
+    host_kv_policy: str = _setting(
+        "write_back",
+        "when pages are copied to the host tier: write_back (on device eviction)"
+        " or write_through (on entering the prefix cache)",
     )
 
     def __post_init__(self) -> None:
@@ -62,6 +80,16 @@ class SchedulerConfig:
                 "new-token ratios must satisfy 0 <= min_new_token_ratio <= init_new_token_ratio"
                 f" <= 1, got {self.min_new_token_ratio!r} and {self.init_new_token_ratio!r}"
             )
+        if self.host_kv_gb < 0 or self.host_kv_pages < 0:
+            raise ValueError(
+                f"host_kv_gb and host_kv_pages must be >= 0, got {self.host_kv_gb!r}"
+                f" and {self.host_kv_pages!r}"
+            )
+        if self.host_kv_policy not in HOST_KV_POLICIES:
+            raise ValueError(
+                f"unknown host_kv_policy {self.host_kv_policy!r};"
+                f" known: {', '.join(HOST_KV_POLICIES)}"
+            )
 
     @property
     def pages(self) -> int:
@@ -69,6 +97,28 @@ class SchedulerConfig:
         if self.num_pages is None:
             raise ValueError("num_pages must be sized (a positive integer) before a scheduler runs")
         return self.num_pages
+
+    @property
+    def host_pages(self) -> int:
+        """``host_kv_pages``: 0 without a host tier; ``ValueError`` while GB are not sized."""
+        if self.host_kv_gb > 0 and not self.host_kv_pages:
+            raise ValueError("host_kv_gb must be sized into host_kv_pages before a scheduler runs")
+        return self.host_kv_pages
+
+    def sized_host_tier(self, bytes_per_page: int) -> SchedulerConfig:
+        """This config with ``host_kv_pages`` from ``host_kv_gb`` (pages of ``bytes_per_page``)."""
+        pages = host_pages_for(self.host_kv_gb, self.host_kv_pages, bytes_per_page)
+        return self if pages == self.host_kv_pages else replace(self, host_kv_pages=pages)
+
+
+def host_pages_for(host_kv_gb: float, host_kv_pages: int, bytes_per_page: int) -> int:
+    """Host tier pages: ``host_kv_pages`` when given, else as many as ``host_kv_gb`` holds."""
+    if host_kv_pages or host_kv_gb == 0:
+        return host_kv_pages
+    pages = int(host_kv_gb * 1e9) // bytes_per_page
+    if pages < 1:
+        raise ValueError(f"host_kv_gb {host_kv_gb} holds no KV page of {bytes_per_page} bytes")
+    return pages
 
 
 def _check_positive(name: str, value: object) -> None:
@@ -88,6 +138,11 @@ class SchedulerStats:
     num_running: int
     prompt_tokens: int
     cached_tokens: int
+    host_pages: int = 0
+    host_pages_used: int = 0
+    host_hit_tokens: int = 0  # of ``cached_tokens``, those loaded from the host tier
+    host_loaded_tokens: int = 0
+    host_written_tokens: int = 0
 
     @property
     def pages_held(self) -> int:

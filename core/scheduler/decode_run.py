@@ -9,7 +9,8 @@ token. A run of ``k`` such steps holds while nothing is added or aborted and:
 - nothing waiting can be admitted: the queue is empty, the running cap binds,
   or the head's pages (plus the decode reservation at the run's last step,
   the smallest it gets) exceed what is available at its start;
-- the pages the run allocates are free or evictable;
+- the pages the run allocates are free or evictable (free only with a host
+  tier: a run carries no copies, so it neither evicts nor follows queued ones);
 - with a plan in flight (overlap): that plan is a pure decode of exactly the
   running requests, with no aborts, preemptions or held pages.
 
@@ -77,6 +78,10 @@ def run_length(s: SchedulerState, max_steps: int) -> int:
             return 0
         # under a reordering policy the order may change with the cache, so the run must not evict
         evictions_allowed = not s.policy.reorders
+    if s.memory.tier is not None:
+        if s.memory.tier.copies_pending:
+            return 0
+        evictions_allowed = False
     available = s.memory.num_free
     if evictions_allowed:
         available += s.memory.evictable

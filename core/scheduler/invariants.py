@@ -7,6 +7,10 @@ shared:  a request's (or a held release's) first ``num_shared`` pages are radix
 refs:    node.ref == number of running requests and held releases whose locked
          prefix passes through it
 counts:  the cache's cached/evictable page counters match the tree
+tiers:   each cache node is on the device or the host (or both), the device part
+         is a top subtree, locked nodes are on the device; host slots are free
+         or a node's, each exactly once; queued writes target distinct host
+         slots that cache nodes hold
 state:   running requests are prefilling or decoding, waiting ones hold no pages,
          no request holds more output than its limit nor plans past it
 planned: a request's planned positions fit its pages; a prefilling request's stay
@@ -21,7 +25,7 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Sequence
 
-from core.scheduler.radix import RadixNode
+from core.scheduler.radix import RadixCache, RadixNode
 from core.scheduler.request import RequestStatus
 from core.scheduler.scheduler import Scheduler
 
@@ -103,13 +107,20 @@ def _check_cache(s: Scheduler, owner: dict[int, str]) -> None:
     cached = evictable = 0
     for node in cache.nodes():
         _check(node.ref >= 0, f"negative refcount {node.ref}")
-        _check(len(node.keys) == len(node.pages) > 0, "node keys and pages disagree")
+        _check(len(node.pages) in (0, len(node.keys)), "node keys and pages disagree")
+        _check(len(node.host) in (0, len(node.keys)), "node keys and host slots disagree")
+        _check(bool(node.pages or node.host), f"node {node.id} is on neither tier")
         cached += len(node.pages)
         if node.ref == 0:
             evictable += len(node.pages)
     _check(cached == cache.cached_pages, "cached page counter is off")
-    leaves = {n for n in cache.nodes() if not n.children and n.ref == 0}
+    leaves = {
+        n
+        for n in cache.nodes()
+        if n.pages and n.ref == 0 and not any(c.pages for c in n.children.values())
+    }
     _check(leaves == cache.evictable_leaves, "the evictable leaf set is off")
+    _check_tiers(s)
     _check(evictable == cache.evictable_pages, "evictable page counter is off")
 
     locks: Counter[int] = Counter()
@@ -124,3 +135,35 @@ def _check_cache(s: Scheduler, owner: dict[int, str]) -> None:
             node.ref == locks[id(node)],
             f"node ref {node.ref} but {locks[id(node)]} requests lock it",
         )
+
+
+def _check_tiers(s: Scheduler) -> None:
+    cache, tier = s.memory.cache, s.memory.tier
+    assert cache is not None
+    for node in cache.nodes():
+        parent = node.parent
+        assert parent is not None
+        if node.pages:
+            _check(parent is cache.root or bool(parent.pages), f"node {node.id}: parent off device")
+        _check(node.ref == 0 or bool(node.pages), f"locked node {node.id} is not on the device")
+    host_leaves = {n for n in cache.nodes() if not n.pages and not n.children}
+    _check(host_leaves == cache.host_leaves, "the host leaf set is off")
+    if tier is None:
+        _check(not any(n.host for n in cache.nodes()), "host slots without a host tier")
+        return
+    owner = _host_owners(cache, tier.slots.free_pages(), tier.num_slots)
+    targets = [slot for _, slot in tier.pending_writes()]
+    _check(len(set(targets)) == len(targets), "two queued writes target one host slot")
+    for slot in targets:
+        _check(owner.get(slot) == "cache", f"a queued write targets host slot {slot} not cached")
+
+
+def _host_owners(cache: RadixCache, free: list[int], total: int) -> dict[int, str]:
+    owner: dict[int, str] = {}
+    for who, slots in [("free", free), *(("cache", n.host) for n in cache.nodes())]:
+        for slot in slots:
+            _check(0 <= slot < total, f"host slot {slot} out of range")
+            _check(slot not in owner, f"host slot {slot} owned twice")
+            owner[slot] = who
+    _check(len(owner) == total, f"{total - len(owner)} host slots are lost")
+    return owner

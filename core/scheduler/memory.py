@@ -6,6 +6,10 @@ pages belong to the radix cache, which the request keeps locked through
 ``HeldPages`` value, which ``give_back`` applies: computed full pages enter
 the cache, the rest are freed, the lock is dropped. The scheduler applies it
 at once, or when the plan in flight that still uses those pages completes.
+
+With a host tier, admission's match may end in pages held only on the host:
+the request gets fresh device pages for them, their loads are queued for the
+plan being made, and they count as cached (``host_hit_pages``).
 """
 
 from __future__ import annotations
@@ -13,6 +17,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from core.scheduler.config import SchedulerConfig
+from core.scheduler.host_tier import Copy, HostTier
 from core.scheduler.pages import PageAllocator, pages_for
 from core.scheduler.radix import PageKey, RadixCache, RadixNode
 from core.scheduler.request import Request
@@ -37,10 +43,17 @@ class HeldPages:
 class KVMemory:
     """Page allocation for requests: admission fills, decode growth, prefix sharing, release."""
 
-    def __init__(self, num_pages: int, page_size: int, prefix_cache: bool) -> None:
-        self.page_size = page_size
-        self.allocator = PageAllocator(num_pages, page_size)
-        self.cache: RadixCache | None = RadixCache(self.allocator) if prefix_cache else None
+    def __init__(self, config: SchedulerConfig) -> None:
+        self.page_size = ps = config.page_size
+        self.allocator = PageAllocator(config.pages, ps)
+        self.tier: HostTier | None = None
+        self.cache: RadixCache | None = None
+        if config.prefix_cache:
+            if config.host_pages:
+                write_through = config.host_kv_policy == "write_through"
+                self.tier = HostTier(config.host_pages, ps, write_through)
+            self.cache = RadixCache(self.allocator, self.tier)
+        self.host_hit_pages = 0  # pages admission found on the host only and loaded
 
     @property
     def num_free(self) -> int:
@@ -73,14 +86,26 @@ class KVMemory:
     def allocate_fill(self, req: Request, need: int, tick: int) -> None:
         """Give ``req`` its cached prefix and ``need`` fresh pages (``fill_need`` said they fit)."""
         shared: list[int] = []
-        if self.cache is not None:
-            shared, node = self.cache.match(self._fill_keys(req), tick)
-            self.cache.lock(node)
+        loaded: list[int] = []
+        cache = self.cache
+        if cache is not None:
+            shared, node = cache.match(self._fill_keys(req), tick)
+            cache.lock(node)
             req.cache_node = node
         self.make_room(need)
-        req.pages = (*shared, *self.allocator.alloc(need))
-        req.num_shared_pages = len(shared)
-        req.num_planned = req.num_cached = len(shared) * self.page_size
+        if cache is not None and cache.tier is not None and req.cache_node is not None:
+            on_host = cache.host_path(req.cache_node)
+            if on_host:
+                loaded = self.allocator.alloc(sum(len(n.host) for n in on_host))
+                cache.load(on_host, loaded)
+                self.host_hit_pages += len(loaded)
+        req.pages = (*shared, *loaded, *self.allocator.alloc(need - len(loaded)))
+        req.num_shared_pages = len(shared) + len(loaded)
+        req.num_planned = req.num_cached = req.num_shared_pages * self.page_size
+
+    def take_copies(self) -> tuple[tuple[Copy, ...], tuple[Copy, ...]]:
+        """The host tier's queued (writes, loads) for the plan being made."""
+        return self.tier.take_copies() if self.tier is not None else ((), ())
 
     def make_room(self, need: int) -> bool:
         """Evict unreferenced cache pages, LRU first, toward ``need`` free pages; whether any
@@ -139,3 +164,17 @@ class KVMemory:
         self.allocator.free(held.pages[n:])
         if self.cache is not None and held.node is not None:
             self.cache.unlock(held.node)
+
+    def host_stats(self) -> dict[str, int]:
+        """The host tier's fields of ``SchedulerStats`` (empty without a tier)."""
+        tier = self.tier
+        if tier is None:
+            return {}
+        ps = self.page_size
+        return {
+            "host_pages": tier.num_slots,
+            "host_pages_used": tier.num_slots - tier.num_free,
+            "host_hit_tokens": self.host_hit_pages * ps,
+            "host_loaded_tokens": tier.loaded_pages * ps,
+            "host_written_tokens": tier.written_pages * ps,
+        }

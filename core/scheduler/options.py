@@ -12,10 +12,14 @@ import argparse
 from dataclasses import fields, replace
 from typing import Any
 
-from core.scheduler.config import SchedulerConfig
+from core.scheduler.config import HOST_KV_POLICIES, SchedulerConfig
 from core.scheduler.policy import POLICIES
 
 _TYPES: dict[str, type] = {"int": int, "int | None": int, "float": float, "str": str}
+_CHOICES: dict[str, list[str]] = {
+    "policy": sorted(POLICIES),
+    "host_kv_policy": list(HOST_KV_POLICIES),
+}
 
 
 def flag(name: str) -> str:
@@ -32,8 +36,8 @@ def add_scheduler_flags(parser: argparse.ArgumentParser) -> None:
             group.add_argument(
                 flag(f.name), action=argparse.BooleanOptionalAction, default=None, help=help_
             )
-        elif f.name == "policy":
-            group.add_argument(flag(f.name), choices=sorted(POLICIES), default=None, help=help_)
+        elif f.name in _CHOICES:
+            group.add_argument(flag(f.name), choices=_CHOICES[f.name], default=None, help=help_)
         else:
             group.add_argument(flag(f.name), type=_TYPES[str(f.type)], default=None, help=help_)
 

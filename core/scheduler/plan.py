@@ -14,6 +14,22 @@ len(sequence)``; when ``position == len(sequence)`` its token is the one the
 plan still in flight samples for the same request (overlap scheduling: the
 engine reads it on the device from that plan's sampled tokens). A slot is never
 further ahead than that.
+
+Copies (the host KV tier, ``core.scheduler.host_tier``). A plan's ``writes``
+copy device pages to host slots, its ``loads`` host slots to device pages. The
+engine's contract, which the scheduler's decisions rely on:
+
+1. plans' copies run in plan order (all of plan N's before any of plan N+1's);
+2. within a plan, every write completes before any load starts, and every
+   load before the plan's first read of its KV (its attention), so a device
+   page that a write of plan N copies out may be handed out (loaded into,
+   or written by the compute) in plan N itself;
+3. the copies of one list may run in any order: no two writes share a host
+   slot and no two loads share a device page.
+
+Pages that copies touch are never used by a plan still in flight: writes read
+cache pages that no outstanding plan writes, loads fill pages that were free
+or just evicted. A plan may carry copies and no model work.
 """
 
 from __future__ import annotations
@@ -88,6 +104,12 @@ class Plan:
     preempted: tuple[str, ...] = ()  # sent back to waiting at this step
     aborted: tuple[str, ...] = ()  # released at this step
     blocked: Blocked = Blocked.NONE
+    writes: tuple[tuple[int, int], ...] = ()  # (device page, host slot), before the loads
+    loads: tuple[tuple[int, int], ...] = ()  # (host slot, device page), before the compute
+
+    @property
+    def has_copies(self) -> bool:
+        return bool(self.writes or self.loads)
 
     @property
     def num_prefill_tokens(self) -> int:
@@ -114,6 +136,8 @@ class Plan:
             "preempted": list(self.preempted),
             "aborted": list(self.aborted),
             "blocked": self.blocked.value,
+            "writes": [list(w) for w in self.writes],
+            "loads": [list(c) for c in self.loads],
         }
 
     @staticmethod
@@ -128,6 +152,8 @@ class Plan:
             preempted=tuple(d["preempted"]),
             aborted=tuple(d["aborted"]),
             blocked=Blocked(d.get("blocked", "")),
+            writes=tuple((int(a), int(b)) for a, b in d.get("writes", ())),
+            loads=tuple((int(a), int(b)) for a, b in d.get("loads", ())),
         )
 
 

@@ -64,7 +64,7 @@ class Scheduler:
         self.config = config
         self.policy = get_policy(config.policy)
         self.page_size = config.page_size
-        self.memory = KVMemory(config.pages, config.page_size, config.prefix_cache)
+        self.memory = KVMemory(config)
         self.reservation = DecodeReservation(config)
         self.in_flight = InFlight()
         self.requests: dict[str, Request] = {}  # live requests (not yet ended)
@@ -136,6 +136,7 @@ class Scheduler:
             num_running=len(self.running),
             prompt_tokens=self.prompt_tokens,
             cached_tokens=self.cached_tokens,
+            **self.memory.host_stats(),
         )
 
     # ------------------------------------------------------------------ schedule
@@ -167,6 +168,7 @@ class Scheduler:
             req.last_plan = self.step
         if decode:
             self.reservation.decayed()
+        writes, loads = self.memory.take_copies()
         plan = Plan(
             step=self.step,
             prefill=tuple(chunks),
@@ -174,6 +176,8 @@ class Scheduler:
             preempted=tuple(preempted),
             aborted=tuple(aborted),
             blocked=blocked,
+            writes=writes,
+            loads=loads,
         )
         self.in_flight.add(plan, aborted)
         return plan

@@ -136,12 +136,14 @@ class TextBatch(msgspec.Struct, tag=True):
 
 
 class StatsUpdate(msgspec.Struct, tag=True):
-    """The scheduler core's counters at one moment, and the preemptions so far."""
+    """The scheduler core's counters at one moment, the preemptions so far, and the time the
+    runner spent loading KV from the host tier."""
 
     time: float
     stats: SchedulerStats
     num_preemptions: int = 0
     replica: int = 0
+    host_load_s: float = 0.0
 
 
 class Ready(msgspec.Struct, tag=True):

@@ -31,6 +31,8 @@ class RunnerArgs:
     not installed) and torch on CPU. ``cuda_graph`` captures decode steps as CUDA
     graphs at start-up (ignored on CPU), for batches up to ``max_running`` (at most 256);
     ``max_running`` also sizes the table of per-request page tables.
+    ``host_kv_pages`` (or, when 0, ``host_kv_gb`` of this rank's pages) sizes the
+    host KV tier's pool (``engine.kvcache.host_pool``); 0 and 0: none.
     """
 
     model: str
@@ -51,6 +53,8 @@ class RunnerArgs:
     cpu_max_kv_tokens: int = 65536
     cpu_threads: int = 0
     vocab_limit: int | None = None
+    host_kv_gb: float = 0.0
+    host_kv_pages: int = 0
 
     def torch_dtype(self) -> torch.dtype:
         if self.dtype == "auto":

@@ -9,7 +9,8 @@ configured with the same number).
 A step, as ``launch`` runs it::
 
     host:   lay out the plan (numpy) -> one pinned upload -> page-table writes
-    device: input ids (decode inputs may come from the previous step's samples)
+    device: the plan's host KV tier copies (a side stream the step waits for)
+            -> input ids (decode inputs may come from the previous step's samples)
             -> KV indices and write slots gathered from the table
             -> forward (a CUDA graph for decode, eager otherwise)
             -> logits of the sampled rows -> sampling -> tokens copied to pinned memory
@@ -33,10 +34,12 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
+from core.scheduler.config import host_pages_for
 from core.scheduler.pages import pages_for
 from core.scheduler.plan import Plan
 from engine.attention import AttentionMetadata, get_backend, resolve_name
 from engine.distributed.parallel import TPInfo, head_partition
+from engine.kvcache.host_pool import HostKVPool
 from engine.kvcache.pool import KVPool
 from engine.models.llama import LlamaForCausalLM
 from engine.models.loader import init_dummy, load_safetensors
@@ -136,6 +139,13 @@ class ModelRunner:
             self.dtype,
             self.device,
         )
+        page_bytes = KVPool.bytes_per_page(
+            c.num_layers, self.page_size, shard.kv_count, c.head_dim, self.dtype
+        )
+        self.host_pages = self._agree(
+            host_pages_for(args.host_kv_gb, args.host_kv_pages, page_bytes)
+        )
+        self.host_kv = HostKVPool(self.kv, self.host_pages) if self.host_pages else None
         backend = get_backend(self.backend_name, self.device.type, self.dtype, c.head_dim)
         self.attention = backend(self.kv, shard.q_count, 1.0 / math.sqrt(c.head_dim))
         self.max_pages_per_seq = min(
@@ -308,6 +318,10 @@ class ModelRunner:
                 f"plan samples {n_sample} requests but inputs carry {len(inputs.sampling)} "
                 f"sampling params and {len(inputs.output_index)} output indices"
             )
+        if plan.has_copies:
+            if self.host_kv is None:
+                raise ValueError("the plan carries host KV copies but there is no host KV pool")
+            self.host_kv.run(plan.writes, plan.loads)
         layout = StepLayout.build(plan, inputs, self.page_size, self.config.vocab_size)
         source = self._sample_sources(plan, layout)
         self.table.release([*plan.aborted, *plan.preempted, *inputs.released])

@@ -106,7 +106,7 @@ class TPLeader:
         """Send the step to the followers and start it here (see ``ModelRunner.launch``)."""
         if self._closed:
             raise RuntimeError("launch() after shutdown()")
-        if self.group is not None and (plan.has_model_work or inputs.released):
+        if self.group is not None and (plan.has_model_work or plan.has_copies or inputs.released):
             _broadcast_bytes(encode_step(plan, inputs), self.group)
         return self.runner.launch(plan, inputs)
 

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
 from dataclasses import replace
 from typing import TYPE_CHECKING
 
@@ -58,6 +59,8 @@ def runner_args(cfg: ServeConfig) -> RunnerArgs:
         gpu_share=cfg.gpu_share,
         cpu_threads=cfg.cpu_threads or 0,
         vocab_limit=cfg.vocab_limit,
+        host_kv_gb=cfg.scheduler.host_kv_gb if cfg.scheduler.prefix_cache else 0.0,
+        host_kv_pages=cfg.scheduler.host_kv_pages if cfg.scheduler.prefix_cache else 0,
     )
 
 
@@ -77,7 +80,12 @@ def run_scheduler(cfg: ServeConfig, rank: int) -> None:
 
 def serve_rank0(cfg: ServeConfig, leader: TPLeader) -> None:
     runner = leader.runner
-    sched_cfg = replace(cfg.scheduler, num_pages=runner.num_pages, page_size=runner.page_size)
+    sched_cfg = replace(
+        cfg.scheduler,
+        num_pages=runner.num_pages,
+        page_size=runner.page_size,
+        host_kv_pages=runner.host_pages,
+    )
     engine = StepDriver(sched_cfg, leader.launch, cfg.eos_token_ids)
     ctx, inbox, (to_detok, to_frontend) = open_sockets(
         cfg.scheduler_addr, cfg.detokenizer_addr, cfg.frontend_addr
@@ -92,9 +100,16 @@ def serve_rank0(cfg: ServeConfig, leader: TPLeader) -> None:
         eos_token_ids=cfg.eos_token_ids,
         scheduler=sched_cfg,
     )
-    log.info("ready: %d KV pages of %d tokens", runner.num_pages, runner.page_size)
+    log.info(
+        "ready: %d KV pages of %d tokens, %d host KV pages",
+        runner.num_pages,
+        runner.page_size,
+        runner.host_pages,
+    )
     log.info("overlap scheduling %s", "on" if cfg.overlap_on else "off")
     loop = SchedulerLoop(engine, inbox, to_detok, to_frontend, cfg.overlap_on, cfg.replica)
+    if runner.host_kv is not None:
+        loop.host_load_s = runner.host_kv.load_seconds
     loop.run()
 
 
@@ -116,6 +131,7 @@ class SchedulerLoop:
         self.to_frontend = to_frontend
         self.last_stats: messages.StatsUpdate | None = None
         self.last_stats_time = 0.0
+        self.host_load_s: Callable[[], float] | None = None  # the host KV pool's load time
 
     def run(self) -> None:
         stalled = False
@@ -160,11 +176,13 @@ class SchedulerLoop:
             stats=self.engine.stats(),
             num_preemptions=self.engine.num_preemptions,
             replica=self.replica,
+            host_load_s=self.host_load_s() if self.host_load_s is not None else 0.0,
         )
         last = self.last_stats
-        if last is not None and (last.stats, last.num_preemptions) == (
+        if last is not None and (last.stats, last.num_preemptions, last.host_load_s) == (
             update.stats,
             update.num_preemptions,
+            update.host_load_s,
         ):
             return
         self.last_stats = update

@@ -42,6 +42,8 @@ STATS_GAUGES: tuple[tuple[str, str, Callable[[SchedulerStats], float]], ...] = (
     ("engine_kv_pages_cached", "Evictable pages in the prefix cache", lambda s: s.pages_cached),
     ("engine_kv_pages_held", "KV pages held by live requests", lambda s: s.pages_held),
     ("engine_prefix_cache_hit_rate", "Cached over prompt tokens", lambda s: s.prefix_hit_rate),
+    ("engine_kv_host_pages_total", "Pages of the host KV tier (0: none)", lambda s: s.host_pages),
+    ("engine_kv_host_pages_used", "Host KV tier pages holding KV", lambda s: s.host_pages_used),
 )
 
 M = TypeVar("M", Counter, Gauge, Histogram)
@@ -61,6 +63,20 @@ class ServerMetrics:
         )
         self.prefix_hits = self._per_replica(
             Counter, "engine_prefix_cache_hits", "Prompt tokens found in the prefix cache"
+        )
+        self.external_hits = self._per_replica(
+            Counter,
+            "engine_external_prefix_cache_hits",
+            "Prompt tokens found in the host KV tier (loaded; part of prefix_cache_hits)",
+        )
+        self.host_loaded = self._per_replica(
+            Counter, "engine_kv_host_loaded_tokens", "KV tokens loaded from the host tier"
+        )
+        self.host_written = self._per_replica(
+            Counter, "engine_kv_host_written_tokens", "KV tokens written to the host tier"
+        )
+        self.host_load_s = self._per_replica(
+            Counter, "engine_kv_host_load_seconds", "Time spent loading from the host tier"
         )
         self.preemptions = self._per_replica(
             Counter, "engine_num_preemptions", "Requests preempted (KV pages ran out)"
@@ -159,15 +175,25 @@ class ServerMetrics:
         for gauge, value in self.stats_gauges:
             gauge.labels(*labels).set(value(stats))
         last = self._last_stats.get(update.replica)
-        self.prefix_queries.labels(*labels).inc(
-            stats.prompt_tokens - (last.stats.prompt_tokens if last else 0)
-        )
-        self.prefix_hits.labels(*labels).inc(
-            stats.cached_tokens - (last.stats.cached_tokens if last else 0)
-        )
-        self.preemptions.labels(*labels).inc(
-            update.num_preemptions - (last.num_preemptions if last else 0)
-        )
+        before = last.stats if last else None
+        for metric, now, then in (
+            (self.prefix_queries, stats.prompt_tokens, before.prompt_tokens if before else 0),
+            (self.prefix_hits, stats.cached_tokens, before.cached_tokens if before else 0),
+            (self.external_hits, stats.host_hit_tokens, before.host_hit_tokens if before else 0),
+            (
+                self.host_loaded,
+                stats.host_loaded_tokens,
+                before.host_loaded_tokens if before else 0,
+            ),
+            (
+                self.host_written,
+                stats.host_written_tokens,
+                before.host_written_tokens if before else 0,
+            ),
+            (self.host_load_s, update.host_load_s, last.host_load_s if last else 0.0),
+            (self.preemptions, update.num_preemptions, last.num_preemptions if last else 0),
+        ):
+            metric.labels(*labels).inc(now - then)
         self._last_stats[update.replica] = update
 
     def track_open(self, count: Callable[[], int]) -> None:

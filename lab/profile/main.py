@@ -23,11 +23,18 @@ from tqdm import tqdm
 from engine.ipc.config import ServeConfig
 from engine.models.setup import ModelNotFoundError
 from lab.profile import provenance
+from lab.profile.copies import measure_copies
 from lab.profile.grid import GridSpec, StepPoint, ints
 from lab.profile.stages import measure_stages
 from lab.profile.steps import StepTimer, serving_runner
-from sim.costs.base import CpuCosts
-from sim.costs.profile import Profile, ProfileRow, display_path, write_profile
+from sim.costs.profile import (
+    STEP_KINDS,
+    UNIT_KINDS,
+    Profile,
+    ProfileRow,
+    display_path,
+    write_profile,
+)
 from sim.costs.table import TableCostModel
 
 GRID_FLAGS = (
@@ -108,9 +115,10 @@ def measure_steps(
             print(f"left out {len(left_out)} plans larger than the KV pool", file=sys.stderr)
         random.Random(spec.seed).shuffle(points)
         rows = run_points(timer, points, args)
+        copies = measure_copies(runner, args.repeats, info)
     if len(rows) < len(points):
         info["cut"] = f"--max-seconds {args.max_seconds}: timed {len(rows)} of {len(points)} plans"
-    return rows
+    return rows + copies
 
 
 def run_points(
@@ -171,8 +179,8 @@ def profile_main(argv: list[str] | None = None) -> int:
         rows += measure_steps(cfg, spec, args, info)
     if not args.no_cpu_stages:
         rows += measure_stages(cfg, args.stage_repeats, info)
-    steps = [r for r in rows if r.kind not in CpuCosts.KINDS]
-    cpu = {r.kind: r.duration_s for r in rows if r.kind in CpuCosts.KINDS}
+    steps = [r for r in rows if r.kind in STEP_KINDS]
+    cpu = {r.kind: r.duration_s for r in rows if r.kind in UNIT_KINDS}
     profile = Profile(display_path(args.out), info, steps, cpu)
     if steps:
         info["table_fit"] = TableCostModel(profile, cfg.tp_size).error_text()

@@ -87,7 +87,10 @@ class Hardware:
     traffic, so a pure read stream runs at the same number. ``kernel_floor_s``
     is the time of one tiny kernel replayed from a CUDA graph: the per-kernel
     floor of a step. ``link_bandwidth`` (per direction, bytes/s) feeds the
-    tensor-parallel all-reduce term.
+    tensor-parallel all-reduce term. ``host_bandwidth`` (per direction, bytes/s)
+    and ``host_copy_latency_s`` (fixed time of one copy) price the host KV
+    tier's copies between pinned host memory and the device
+    (``sim.costs.copies``) when the profile has no copy rows.
     """
 
     name: str
@@ -96,6 +99,8 @@ class Hardware:
     peak_flops: dict[str, float]
     kernel_floor_s: float
     link_bandwidth: float
+    host_bandwidth: float
+    host_copy_latency_s: float
     provenance: str
 
 
@@ -107,12 +112,17 @@ HARDWARE: dict[str, Hardware] = {
         peak_flops={"bf16": 797e12, "fp16": 797e12},
         kernel_floor_s=1.05e-6,
         link_bandwidth=450e9,
+        host_bandwidth=55.5e9,
+        host_copy_latency_s=6e-6,
         provenance=(
             "H200 ceilings measured here: 4.26 TB/s device copy counting bytes read + written "
             "and 797 TFLOP/s bf16 8192^3 matmul (a first measurement; re-measured as 4.28 TB/s and "
             "791 TFLOP/s with 1.05 us per graph-replayed kernel in profiles/h200_ceilings.json); "
             "HBM 143771 MiB from nvidia-smi; NVLink 450 GB/s per direction is NVIDIA's H200 "
-            "datasheet figure (900 GB/s bidirectional), not measured here"
+            "datasheet figure (900 GB/s bidirectional), not measured here; host<->device over "
+            "PCIe 5.0 x16 (63 GB/s per direction nominal) measured here on 2026-12-01: pinned "
+            "copies through PyTorch at 55.5 GB/s either way for 256 MiB and 1 GiB, and about "
+            "6 us fixed per copy (1 MiB in 24 us, 256 KiB in 10.6 us)"
         ),
     ),
 }

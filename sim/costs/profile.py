@@ -18,7 +18,9 @@ for rows kept out of the fit to measure its error. A CPU row (``kind`` =
 ``frontend``, ``tokenize``, ``detokenize``, ``ipc``, ``schedule``,
 ``schedule_request``) holds a per-unit cost in ``duration_s`` (see
 ``CpuCosts``), its shape columns zero, its ``device_s`` equal to ``duration_s``;
-several rows of a kind are averaged.
+several rows of a kind are averaged. Copy rows (``COPY_KINDS``: ``copy_h2d``,
+``copy_h2d_token``, ``copy_d2h``, ``copy_d2h_token``) are per-unit costs
+too, of the host KV tier's copies (``sim.costs.copies``); they are optional.
 
 Provenance is required: ``# key: value`` comment lines at the top of the file,
 or a sidecar ``FILE.json`` with the same keys, naming at least ``hardware``,
@@ -40,6 +42,8 @@ LEGACY_COLUMNS = ("kind", *SHAPE_COLUMNS, "tp", "duration_s", "min_s", "max_s", 
 COLUMNS = (*LEGACY_COLUMNS, "device_s")
 STEP_KINDS = ("prefill", "decode", "mixed")
 CPU_KINDS = CpuCosts.KINDS
+COPY_KINDS = ("copy_h2d", "copy_h2d_token", "copy_d2h", "copy_d2h_token")
+UNIT_KINDS = (*CPU_KINDS, *COPY_KINDS)
 SPLITS = ("fit", "holdout")
 REQUIRED_PROVENANCE = ("hardware", "model", "date", "command")
 
@@ -150,8 +154,8 @@ def _parse_row(where: str, cells: list[str], columns: int) -> ProfileRow:
         if not device >= 0:
             raise ProfileError(f"{where}: device_s must be >= 0")
     kind, split = cells[0].strip(), cells[-1].strip()
-    if kind not in STEP_KINDS and kind not in CPU_KINDS:
-        raise ProfileError(f"{where}: unknown kind {kind!r}; known: {[*STEP_KINDS, *CPU_KINDS]}")
+    if kind not in STEP_KINDS and kind not in UNIT_KINDS:
+        raise ProfileError(f"{where}: unknown kind {kind!r}; known: {[*STEP_KINDS, *UNIT_KINDS]}")
     if split not in SPLITS:
         raise ProfileError(f"{where}: split must be one of {SPLITS}, got {split!r}")
     try:
@@ -204,6 +208,6 @@ def cpu_costs_from(profile: Profile, fallback: CpuCosts | None = None) -> CpuCos
             raise ProfileError(f"{profile.path}: no CPU cost row of kind {kind!r}")
     source = profile.path if fallback is None else f"{profile.path} over {fallback.source}"
     provenance = profile.provenance_text()
-    if fallback is not None and len(profile.cpu) < len(CpuCosts.KINDS):
+    if fallback is not None and not set(CpuCosts.KINDS) <= profile.cpu.keys():
         provenance += f" | rest from {fallback.source}: {fallback.provenance}"
     return CpuCosts(**values, source=source, provenance=provenance)

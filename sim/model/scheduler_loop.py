@@ -21,6 +21,12 @@ order, with at most one plan in flight when ``schedule`` is called::
 so the GPU runs step N+1 right after step N when the CPU formed it in time, a
 finish is seen one step late, and pages freed meanwhile come back a step later.
 
+Host KV tier copies (``LoopSettings.copies``): a plan's writes, then its loads,
+run before its compute. Strict, they add to the step's time. Overlapped, as the
+engine runs them on a side stream from the launch on, they overlap the step in
+flight: the step's compute starts once its copies end and the GPU is free.
+Decode runs carry no copies (the core keeps them out of runs).
+
 Fast-forward: when the core says the next k steps are identical pure-decode
 steps (with overlap: and a pure decode is in flight), the loop prices all k
 with numpy and waits for the run's end or for a request reaching the
@@ -44,6 +50,7 @@ import simpy
 from core.scheduler import DecodeRun, Plan, SchedulerStats
 from core.scheduler.shape import StepShape
 from sim.costs.base import CpuCosts, GpuCostModel
+from sim.costs.copies import CopyCosts
 
 Process = Generator[simpy.Event, Any, None]
 Stepping = Generator[simpy.Event, Any, "Launched | None"]  # returns the plan left in flight
@@ -83,6 +90,14 @@ class LoopSettings:
     overlap: bool = False
     fast_forward: bool = True
     max_run_steps: int = 4096
+    copies: CopyCosts | None = None  # prices of the host tier's copies; None: no tier
+
+    def copy_time(self, plan: Plan, page_size: int) -> float:
+        """The time of ``plan``'s copies: its writes, then its loads."""
+        if self.copies is None or not plan.has_copies:
+            return 0.0
+        writes = self.copies.write_time(len(plan.writes) * page_size)
+        return writes + self.copies.load_time(len(plan.loads) * page_size)
 
 
 class SimSchedulerLoop:
@@ -146,13 +161,16 @@ class SimSchedulerLoop:
     # ------------------------------------------------------------------ single steps
     def _strict(self, plan: Plan) -> Process:
         p, env, s = self.p, self.env, self.sched
+        copies = self.settings.copy_time(plan, s.page_size)
         if not plan.has_model_work:
+            if copies:
+                yield env.timeout(copies)
             p.handle_events(plan, s.complete(plan, None), env.now)
             yield from self._stalled()
             return
         start = env.now
         shape = StepShape.of_plan(plan)
-        duration = self.gpu.step_time(shape) + self.cpu.schedule_time(plan.batch_size)
+        duration = copies + self.gpu.step_time(shape) + self.cpu.schedule_time(plan.batch_size)
         stats = s.stats()
         yield env.timeout(duration)
         events = s.complete(plan, None)
@@ -171,7 +189,8 @@ class SimSchedulerLoop:
             gpu = self.gpu.device_time(shape)
             cpu += max(self.gpu.step_time(shape) - gpu, 0.0)
         launch = env.now + cpu
-        start = launch if prev is None else max(launch, prev.end)
+        copied = launch + self.settings.copy_time(plan, s.page_size)  # on the side stream
+        start = copied if prev is None else max(copied, prev.end)
         launched = None
         if shape is not None:
             p.record_step(plan, shape, start, gpu, stats)
