@@ -13,6 +13,10 @@ before it finishes step N::
 
 so the GPU runs N+1 while the host completes N and forms N+2. Without it,
 every step is finished before the next is scheduled; the calls are the same.
+
+With ``record_steps`` rank 0 writes the step record there
+(``engine.scheduler_proc.recorder``): flushed whenever the loop falls idle, and
+at exit (SIGTERM included).
 """
 
 from __future__ import annotations
@@ -20,6 +24,7 @@ from __future__ import annotations
 import logging
 import time
 from dataclasses import replace
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 import zmq
@@ -29,6 +34,7 @@ from engine.ipc.config import ServeConfig
 from engine.ipc.sockets import open_sockets, report_ready
 from engine.runner.args import RunnerArgs
 from engine.scheduler_proc.driver import Launched, StepDriver
+from engine.scheduler_proc.recorder import StepRecorder
 
 if TYPE_CHECKING:
     from engine.runner.tp import TPLeader
@@ -77,7 +83,12 @@ def run_scheduler(cfg: ServeConfig, rank: int) -> None:
 def serve_rank0(cfg: ServeConfig, leader: TPLeader) -> None:
     runner = leader.runner
     sched_cfg = replace(cfg.scheduler, num_pages=runner.num_pages, page_size=runner.page_size)
-    engine = StepDriver(sched_cfg, leader.launch, cfg.eos_token_ids)
+    recorder = None
+    if cfg.record_steps is not None:
+        recorder = StepRecorder(Path(cfg.record_steps))
+        runner.time_steps = True
+        log.info("recording every step in %s", cfg.record_steps)
+    engine = StepDriver(sched_cfg, leader.launch, cfg.eos_token_ids, recorder)
     ctx, inbox, (to_detok, to_frontend) = open_sockets(
         cfg.scheduler_addr, cfg.detokenizer_addr, cfg.frontend_addr
     )
@@ -94,7 +105,11 @@ def serve_rank0(cfg: ServeConfig, leader: TPLeader) -> None:
     log.info("ready: %d KV pages of %d tokens", runner.num_pages, runner.page_size)
     log.info("overlap scheduling %s", "on" if cfg.overlap_on else "off")
     loop = SchedulerLoop(engine, inbox, to_detok, to_frontend, cfg.overlap_on)
-    loop.run()
+    try:
+        loop.run()
+    finally:
+        if recorder is not None:
+            recorder.close()
 
 
 class SchedulerLoop:
@@ -125,7 +140,10 @@ class SchedulerLoop:
             items += produced
             if items:
                 self.to_detok.send(messages.encode(messages.TokenBatch(items=items)))
-            self.send_stats(force=not self.engine.has_work())
+            idle = not self.engine.has_work()  # nothing waits, runs or is in flight
+            if idle and self.engine.recorder is not None:
+                self.engine.recorder.flush()
+            self.send_stats(force=idle)
 
     def receive(self, timeout_ms: int) -> list[messages.TokenItem]:
         """Handle every message waiting (after blocking up to ``timeout_ms`` for the first)."""

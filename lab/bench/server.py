@@ -1,8 +1,9 @@
 """What a benchmark learns from the server before it starts: model, context, KV pages.
 
 Any OpenAI-compatible server answers ``GET /v1/models``; this engine's card says
-``owned_by: engine`` and adds ``max_model_len``, ``overlap_scheduling`` and
-``scheduler`` (the core's settings as it runs them), and
+``owned_by: engine`` and adds ``max_model_len``, ``overlap_scheduling``,
+``scheduler`` (the core's settings as it runs them) and ``record_steps`` (the
+file its step record goes to, or null), and
 its ``/metrics`` gives ``engine_kv_pages_total``. Only this engine gets ``return_meta_info``.
 """
 
@@ -30,6 +31,7 @@ class ServerInfo:
     kv_pages_total: int | None
     overlap: bool | None  # overlap scheduling, where the server says
     scheduler: dict[str, Any] | None = None  # the scheduler core's settings, where it says
+    record_steps: str | None = None  # the file of its step record, where it keeps one
 
     @property
     def ours(self) -> bool:
@@ -68,6 +70,7 @@ def server_info(url: str, api_key: str | None = None, timeout: float = 30.0) -> 
     limit = card.get("max_model_len")
     overlap = card.get("overlap_scheduling")
     scheduler = card.get("scheduler")
+    record = card.get("record_steps")
     return ServerInfo(
         url=url,
         model=str(card["id"]),
@@ -77,4 +80,5 @@ def server_info(url: str, api_key: str | None = None, timeout: float = 30.0) -> 
         kv_pages_total=pages,
         overlap=overlap if isinstance(overlap, bool) else None,
         scheduler=scheduler if isinstance(scheduler, dict) else None,
+        record_steps=record if isinstance(record, str) else None,
     )
