@@ -17,9 +17,14 @@ import httpx
 import numpy as np
 import pandas as pd
 import pytest
+import torch
 from conftest import Server, running_server
 
-from core.scheduler import DecodeSlot, Plan, PrefillChunk, StepShape
+from core.scheduler import DecodeSlot, Plan, PrefillChunk, SchedulerConfig, StepShape
+from engine.ipc.messages import TokenizedRequest
+from engine.runner import ModelRunner, RunnerArgs
+from engine.sampling import SamplingParams
+from engine.scheduler_proc.driver import Launched, StepDriver
 from engine.scheduler_proc.recorder import Launch, StepRecorder
 from lab.bench.client import RequestRecord
 from lab.bench.main import bench_main, server_steps_path
@@ -232,3 +237,28 @@ def test_sigterm_writes_the_steps_still_kept(recording: tuple[Server, Path, bool
     thread.join()
     steps = read_step_record(path)
     assert len(steps) > before and (steps["schedule_start"].iloc[before:] >= since).all()
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_cuda_times_each_step_on_the_device(tmp_path: Path) -> None:
+    """CUDA events time each step's device work (CUDA graphs included), read with its tokens."""
+    runner = ModelRunner(RunnerArgs(model="qwen3-0.6b", dummy_weights=True, device="cuda",
+                                    num_pages=256, max_running=8))  # fmt: skip
+    runner.time_steps = True
+    recorder = StepRecorder(tmp_path / "steps.csv")
+    config = SchedulerConfig(num_pages=runner.num_pages, page_size=runner.page_size)
+    driver = StepDriver(config, runner.launch, [], recorder)
+    params = SamplingParams(temperature=0.0, ignore_eos=True, max_new_tokens=16)
+    for i in range(4):
+        driver.add(TokenizedRequest(f"r{i}", list(range(1 + i, 300 + i)), params, 0.0, 0.0))
+    in_flight: Launched | None = None
+    while driver.has_work() or in_flight is not None:
+        _, in_flight, _ = driver.advance(in_flight, overlap=True)
+    recorder.close()
+    runner.close()
+    steps = read_step_record(tmp_path / "steps.csv")
+    assert steps["decode_requests"].sum() == 4 * 15
+    assert (steps["device_ms"] > 0).all()
+    assert (steps["device_ms"] / 1e3 <= steps["done"] - steps["schedule_end"]).all()
+    assert steps["in_flight"].iloc[1:].all()  # overlap: each launched before the last finished

@@ -13,17 +13,16 @@ from __future__ import annotations
 
 import csv
 import signal
-from dataclasses import dataclass
 from pathlib import Path
+from typing import NamedTuple
 
 from core.scheduler import Plan, StepShape
 from schema.steprecord import STEP_RECORD_COLUMNS
 
-FLUSH_EVERY = 512
+FLUSH_EVERY = 256  # rows: writing them takes about 7 us a row on a CPU core
 
 
-@dataclass(frozen=True, slots=True)
-class Launch:
+class Launch(NamedTuple):
     """What a step's row knows once the step is on the device: all but ``done`` and
     ``device_ms`` (see ``schema.steprecord``)."""
 
