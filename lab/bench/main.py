@@ -16,7 +16,7 @@ from typing import Any
 
 from lab.bench.client import Target
 from lab.bench.prompts import PromptMaker, fresh_salt
-from lab.bench.run import run_bench, tokenizer_for
+from lab.bench.run import BenchResult, run_bench, tokenizer_for
 from lab.bench.server import ServerInfo, server_info
 from lab.outputs import write_outputs
 from schema.perfetto import TIMELINE_NAME, write_timeline
@@ -101,7 +101,7 @@ def format_result(summary: dict[str, Any]) -> str:
 
 def write_bench(result: RunResult, out: Path, *, report: bool, timeline: bool) -> None:
     write_outputs(result, out, report=report)
-    if result.engine_steps is not None:
+    if isinstance(result, BenchResult) and result.engine_steps is not None:
         write_csv(result.engine_steps, out / STEP_RECORD_NAME)
     if timeline:
         write_timeline(out / TIMELINE_NAME, result.requests, result.steps, "engine bench")

@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import asyncio
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from lab.bench.client import Target
 from lab.bench.frames import itl_seconds, request_frame, step_frame
@@ -18,8 +19,19 @@ from schema.run import RunResult
 from schema.samples import WeightedSamples
 from schema.traces.record import Trace
 
+if TYPE_CHECKING:
+    import pandas as pd
+
 DEFAULT_TOKENIZER = "smollm2-135m"
 QUEUE_COLUMNS = ("time", "stage", "queue_len")
+
+
+@dataclass(slots=True)
+class BenchResult(RunResult):
+    """A benchmark's result; ``engine_steps``: the engine's step record of the run, where it
+    was read (``lab.bench.server_steps``)."""
+
+    engine_steps: pd.DataFrame | None = None
 
 
 def tokenizer_for(name: str | None, info: ServerInfo) -> tuple[Any, str]:
@@ -48,8 +60,9 @@ def run_bench(
     gc_freeze: bool = True,
     server_steps: Path | None = None,
 ) -> RunResult:
-    """Replay ``trace`` against ``target``; the result in ``sim replay``'s schema, with the
-    engine's step record of the run read from ``server_steps`` when given."""
+    """Replay ``trace`` against ``target``; the result in ``sim replay``'s schema (a
+    ``BenchResult``, with the engine's step record of the run read from ``server_steps``
+    when given)."""
     import pandas as pd
 
     prompts = [maker.text(r) for r in trace.requests]
@@ -93,4 +106,4 @@ def run_bench(
     if server_steps is not None:
         engine_steps = run_steps(server_steps, run.records, run.epoch0, run.wall_s)
         summary["bench"]["server_steps"] = {"path": str(server_steps), "steps": len(engine_steps)}
-    return RunResult(json_safe(summary), requests, steps, queues, itl, engine_steps)
+    return BenchResult(json_safe(summary), requests, steps, queues, itl, engine_steps)
