@@ -105,7 +105,8 @@ def test_a_live_server_runs_the_core_it_was_given(model_ready: str) -> None:
     expected = replace(changed(), page_size=16, num_pages=300, max_running=8)
     with running_server("--dummy-weights", *as_flags(expected), model=PRESET) as server:
         card = httpx.get(f"{server.url}/v1/models", timeout=10).json()["data"][0]
-    assert SchedulerConfig(**card["scheduler"]) == expected
+    assert not expected.prefix_cache  # no prefix cache, so no pages for a host tier under it
+    assert SchedulerConfig(**card["scheduler"]) == replace(expected, host_kv_pages=0)
 
 
 def replay_core(config_args: list[str], trace: Trace) -> SchedulerConfig:

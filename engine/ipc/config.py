@@ -35,7 +35,8 @@ class ServeConfig(msgspec.Struct, kw_only=True):
         (None: no limit), ``drain_timeout`` the seconds SIGTERM lets open requests
         finish (0: stop at once). A request body over ``max_request_bytes`` is a 413.
     With ``gc_freeze`` every process freezes its heap once it is ready
-    (``engine.ipc.heap``).
+    (``engine.ipc.heap``). With ``record_steps`` (an absolute path) scheduler
+    rank 0 writes the step record there (``schema.steprecord``).
 
     ``dp_size`` replicas (each its scheduler ranks and detokenizer) serve behind
     the one frontend, which places every request with a ``router`` core; a
@@ -79,6 +80,7 @@ class ServeConfig(msgspec.Struct, kw_only=True):
     dist_init: str = ""
     log_level: str = "info"
     gc_freeze: bool = True  # freeze each process's start-up heap (engine.ipc.heap)
+    record_steps: str | None = None
 
     @property
     def overlap_on(self) -> bool:

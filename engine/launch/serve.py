@@ -142,6 +142,13 @@ def build_parser() -> argparse.ArgumentParser:
         help="freeze each process's start-up heap out of the garbage collector's scans once it "
         "is ready, so that a full collection does not stall serving (default: on)",
     )
+    p.add_argument(
+        "--record-steps",
+        type=Path,
+        metavar="PATH",
+        help="write every step scheduler rank 0 runs to PATH as CSV (the step record: "
+        "schema/steprecord.py), in batches and at exit",
+    )
     p.add_argument("--cpu-threads", type=positive_int, default=None, help="torch threads per rank")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--ready-timeout", type=float, default=600.0)
@@ -200,6 +207,7 @@ def make_config(
         seed=args.seed,
         log_level=args.log_level,
         gc_freeze=args.gc_freeze,
+        record_steps=str(args.record_steps.resolve()) if args.record_steps else None,
     )
 
 
@@ -230,6 +238,11 @@ def serve_main(argv: list[str] | None = None) -> int:
         source = resolve_source(args.model, args.tokenizer, args.dummy_weights)
     except (ModelNotFoundError, ValueError) as exc:
         parser.exit(2, f"error: {exc}\n")
+    record = args.record_steps
+    if record is not None and (record.is_dir() or not record.resolve().parent.is_dir()):
+        parser.exit(2, f"error: --record-steps {record}: not a file in an existing folder\n")
+    if record is not None and args.dp > 1:
+        parser.exit(2, "error: --record-steps records one scheduler; it takes --dp 1\n")
     try:
         listener = bind_listener(args.host, args.port)
     except OSError as exc:

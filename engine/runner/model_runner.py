@@ -16,9 +16,11 @@ A step, as ``launch`` runs it::
             -> logits of the sampled rows -> sampling -> tokens copied to pinned memory
 
 Nothing in ``launch`` waits for the device, so the caller can prepare the next
-step while this one runs; ``StepHandle.result()`` waits. Setting ``step_events``
-to a list makes every launch append a (start, end) pair of CUDA timing events
-around its device work, from which the idle time between steps follows. Every tensor-parallel
+step while this one runs; ``StepHandle.result()`` waits. With ``time_steps`` set
+(CUDA), every handle times its step's device work, from the upload of its
+inputs to its tokens in pinned memory (``StepHandle.device_ms``); setting
+``step_events`` to a list also appends each step's pair of timing events to it,
+from which the idle time between steps follows. Every tensor-parallel
 rank runs the same steps, samples the same tokens (identical logits, identical
 generator), and so can feed them to the next step without rank 0.
 """
@@ -51,7 +53,7 @@ from engine.runner.graphs import DecodeGraphs
 from engine.runner.inputs import FROM_LAST_SAMPLE, StepInputs, StepOutput
 from engine.runner.layout import StepLayout
 from engine.runner.staging import Staging
-from engine.runner.step import StepHandle, StepLogprobs
+from engine.runner.step import StepHandle, StepLogprobs, recorded_event
 from engine.runner.table import RequestTable
 from engine.sampling.logprobs import PendingLogprobs, pending_logprobs
 from engine.sampling.sampler import Sampler, SamplingArrays
@@ -89,6 +91,7 @@ class _Forward:
     hidden: torch.Tensor  # [T, hidden]
     logits: torch.Tensor  # float32 [S, vocab]
     sampling: SamplingArrays
+    started: torch.cuda.Event | None  # recorded before the upload, when steps are timed
 
 
 class ModelRunner:
@@ -160,6 +163,7 @@ class ModelRunner:
         self._last_rows: dict[str, int] = {}  # rid -> row of the last step's sampled tokens
         self._last_tokens: torch.Tensor | None = None
         self.step_events: list[tuple[torch.cuda.Event, torch.cuda.Event]] | None = None
+        self.time_steps = False
         self.graphs: DecodeGraphs | None = None
         if self.device.type == "cuda" and args.cuda_graph and backend.supports_graphs:
             self.graphs = self._capture_graphs(min(args.max_running, 256))
@@ -247,7 +251,6 @@ class ModelRunner:
     @torch.inference_mode()
     def launch(self, plan: Plan, inputs: StepInputs) -> StepHandle:
         """Start ``plan`` on the device; the handle yields ``plan.sampling_rids()``'s tokens."""
-        start = self._timing_event()
         forward = self._forward(plan, inputs)
         if forward is None:
             return StepHandle(None)
@@ -255,19 +258,17 @@ class ModelRunner:
         self._last_tokens = tokens
         self._last_rows = {rid: i for i, rid in enumerate(plan.sampling_rids())}
         logprobs = self._logprobs(forward, tokens, inputs) if self.tp.rank == 0 else None
-        handle = StepHandle(tokens, logprobs)
-        end = self._timing_event()
-        if self.step_events is not None and start is not None and end is not None:
-            self.step_events.append((start, end))
+        handle = StepHandle(tokens, logprobs, forward.started)
+        if self.step_events is not None and handle.timing is not None:
+            self.step_events.append(handle.timing)
         return handle
 
     def _timing_event(self) -> torch.cuda.Event | None:
-        """A timing event recorded now, when ``step_events`` collects them (CUDA only)."""
-        if self.step_events is None or self.device.type != "cuda":
+        """A timing event recorded now, when steps are timed (CUDA only)."""
+        timed = self.time_steps or self.step_events is not None
+        if not timed or self.device.type != "cuda":
             return None
-        event = torch.cuda.Event(enable_timing=True)  # type: ignore[no-untyped-call]
-        event.record()
-        return event
+        return recorded_event(timing=True)
 
     def _logprobs(
         self, forward: _Forward, tokens: torch.Tensor, inputs: StepInputs
@@ -329,12 +330,13 @@ class ModelRunner:
             return None
         slots, writes = self.table.assign(layout.rids, layout.pages)
         sampling = SamplingArrays.build(inputs.sampling, inputs.output_index, self._sampler_vocab())
+        started = self._timing_event()
         step = DeviceStep.upload(layout, source, slots, writes, sampling, self.staging)
         ids = step.resolve_ids(self._last_tokens, bool((source >= 0).any()))
         meta = step.metadata(layout, self.table, self.pinned)
         hidden = self._run_model(layout, ids, step.positions, meta)
         logits = self.model.compute_logits(hidden.index_select(0, step.sample_rows))
-        return _Forward(layout, hidden, logits, step.sampling)
+        return _Forward(layout, hidden, logits, step.sampling, started)
 
     def _run_model(
         self,

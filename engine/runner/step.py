@@ -3,7 +3,8 @@
 ``StepHandle.result()`` waits for the copy of the step's tokens into pinned host
 memory (a CUDA event) and reads the log-probs the requests asked for, so a
 caller can launch step N+1 before it reads step N's results. On CPU the step
-has already run when it is launched.
+has already run when it is launched. A handle given the CUDA event that opened
+the step's device work times it: ``device_ms()`` once its tokens are read.
 """
 
 from __future__ import annotations
@@ -16,9 +17,9 @@ from engine.runner.inputs import StepOutput
 from engine.sampling.logprobs import PendingLogprobs, TokenLogprob
 
 
-def recorded_event() -> torch.cuda.Event:
-    """A CUDA event recorded on the current stream now."""
-    event = torch.cuda.Event()  # type: ignore[no-untyped-call]
+def recorded_event(timing: bool = False) -> torch.cuda.Event:
+    """A CUDA event recorded on the current stream now (``timing``: one that can be timed)."""
+    event = torch.cuda.Event(enable_timing=timing)  # type: ignore[no-untyped-call]
     event.record()
     return event
 
@@ -34,16 +35,25 @@ class StepLogprobs:
 
 
 class StepHandle:
-    def __init__(self, sampled: torch.Tensor | None, logprobs: StepLogprobs | None = None) -> None:
-        """``sampled``: the step's tokens on the device (None for a step without model work)."""
+    def __init__(
+        self,
+        sampled: torch.Tensor | None,
+        logprobs: StepLogprobs | None = None,
+        started: torch.cuda.Event | None = None,
+    ) -> None:
+        """``sampled``: the step's tokens on the device (None for a step without model work);
+        ``started``: a timing event recorded where the step's device work began, if timed."""
         self.sampled = sampled
         self.logprobs = logprobs
         self._host: torch.Tensor | None = None
         self._event: torch.cuda.Event | None = None
+        self.timing: tuple[torch.cuda.Event, torch.cuda.Event] | None = None
         if sampled is not None and sampled.is_cuda:
             self._host = torch.empty(sampled.shape, dtype=sampled.dtype, pin_memory=True)
             self._host.copy_(sampled, non_blocking=True)
-            self._event = recorded_event()
+            self._event = recorded_event(timing=started is not None)
+            if started is not None:
+                self.timing = (started, self._event)
 
     def done(self) -> bool:
         """Whether ``result()`` would return without waiting for the device."""
@@ -57,6 +67,14 @@ class StepHandle:
             self._event.synchronize()
             return [int(t) for t in self._host.tolist()]
         return [int(t) for t in self.sampled.tolist()]
+
+    def device_ms(self) -> float | None:
+        """Milliseconds from the start of the step's device work to its tokens in host memory;
+        None when the step was not timed. Read it after ``tokens()`` (it does not wait)."""
+        if self.timing is None:
+            return None
+        start, end = self.timing
+        return float(start.elapsed_time(end))
 
     def result(self) -> StepOutput:
         """Tokens and log-probs (waits for the device)."""

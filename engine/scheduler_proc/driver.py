@@ -13,6 +13,9 @@ is two calls:
 ``step()`` is ``finish(launch())``. With overlap scheduling the loop launches
 step N+1 before it finishes step N: a decode slot whose input token step N is
 still sampling gets ``FROM_LAST_SAMPLE``, which the model reads on the device.
+
+With a ``StepRecorder`` every step that runs a plan on the model adds a row to
+the step record (``engine.scheduler_proc.recorder``).
 """
 
 from __future__ import annotations
@@ -38,6 +41,7 @@ from engine.runner.inputs import FROM_LAST_SAMPLE, PromptLogprobsRequest, StepIn
 from engine.runner.step import StepHandle
 from engine.sampling.logprobs import TokenLogprob, first_prompt_entry
 from engine.sampling.params import SamplingParams
+from engine.scheduler_proc.recorder import Launch, StepRecorder
 
 log = logging.getLogger(__name__)
 
@@ -78,13 +82,22 @@ class Launched:
 
     plan: Plan
     handle: StepHandle
+    record: Launch | None = None  # what the step record knows of it so far
 
 
 class StepDriver:
     """``add``/``abort`` from messages, ``launch``/``finish`` to advance; never reads sockets."""
 
-    def __init__(self, config: SchedulerConfig, launch: LaunchFn, eos_token_ids: Sequence[int]):
+    def __init__(
+        self,
+        config: SchedulerConfig,
+        launch: LaunchFn,
+        eos_token_ids: Sequence[int],
+        recorder: StepRecorder | None = None,
+    ):
         self.core = Scheduler(config)
+        self.recorder = recorder
+        self._unfinished = 0  # steps launched and not yet finished
         self.run_model = launch
         self.eos_token_ids = frozenset(eos_token_ids)
         self.tracked: dict[str, Tracked] = {}
@@ -175,7 +188,9 @@ class StepDriver:
 
     def launch(self) -> Launched:
         """Schedule a plan and start it on the model (without waiting for its tokens)."""
-        plan = self.core.schedule(time.time())
+        counts = (self.core.num_waiting, self.core.num_running)
+        now = time.time()
+        plan = self.core.schedule(now)
         self.last_plan = plan
         started = time.time()
         for chunk in plan.prefill:
@@ -184,14 +199,20 @@ class StepDriver:
                 t.first_scheduled = started
                 req = self.core.get(chunk.rid)
                 t.cached_tokens = req.num_cached if req is not None else 0
-        handle = StepHandle(None)
-        if plan.has_model_work:
-            handle = self.run_model(plan, self.inputs(plan))
-        return Launched(plan, handle)
+        in_flight = self._unfinished > 0
+        self._unfinished += 1
+        if not plan.has_model_work:
+            return Launched(plan, StepHandle(None))
+        handle = self.run_model(plan, self.inputs(plan))
+        if self.recorder is None:
+            return Launched(plan, handle)
+        times = (now, started, time.time())
+        return Launched(plan, handle, Launch.of(plan, times, in_flight, counts))
 
     def finish(self, launched: Launched) -> list[messages.TokenItem]:
         """Wait for ``launched``'s tokens and apply them; the token items, one per request."""
         plan = launched.plan
+        self._unfinished -= 1
         out = launched.handle.result()
         self._keep_prompt_logprobs(plan, out)
         rids = plan.sampling_rids()
@@ -214,6 +235,8 @@ class StepDriver:
             elif isinstance(event, Preempted):
                 self.num_preemptions += 1
                 log.info("rid %s preempted (KV pages ran out); it will recompute", event.rid)
+        if self.recorder is not None and launched.record is not None:
+            self.recorder.add(launched.record, time.time(), launched.handle.device_ms())
         return list(items.values())
 
     def step(self) -> list[messages.TokenItem]:

@@ -13,6 +13,10 @@ before it finishes step N::
 
 so the GPU runs N+1 while the host completes N and forms N+2. Without it,
 every step is finished before the next is scheduled; the calls are the same.
+
+With ``record_steps`` rank 0 writes the step record there
+(``engine.scheduler_proc.recorder``): flushed whenever the loop falls idle, and
+at exit (SIGTERM included).
 """
 
 from __future__ import annotations
@@ -21,6 +25,7 @@ import logging
 import time
 from collections.abc import Callable
 from dataclasses import replace
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 import zmq
@@ -30,6 +35,7 @@ from engine.ipc.config import ServeConfig
 from engine.ipc.sockets import open_sockets, report_ready
 from engine.runner.args import RunnerArgs
 from engine.scheduler_proc.driver import Launched, StepDriver
+from engine.scheduler_proc.recorder import StepRecorder
 
 if TYPE_CHECKING:
     from engine.runner.tp import TPLeader
@@ -86,7 +92,12 @@ def serve_rank0(cfg: ServeConfig, leader: TPLeader) -> None:
         page_size=runner.page_size,
         host_kv_pages=runner.host_pages,
     )
-    engine = StepDriver(sched_cfg, leader.launch, cfg.eos_token_ids)
+    recorder = None
+    if cfg.record_steps is not None:
+        recorder = StepRecorder(Path(cfg.record_steps))
+        runner.time_steps = True
+        log.info("recording every step in %s", cfg.record_steps)
+    engine = StepDriver(sched_cfg, leader.launch, cfg.eos_token_ids, recorder)
     ctx, inbox, (to_detok, to_frontend) = open_sockets(
         cfg.scheduler_addr, cfg.detokenizer_addr, cfg.frontend_addr
     )
@@ -110,7 +121,11 @@ def serve_rank0(cfg: ServeConfig, leader: TPLeader) -> None:
     loop = SchedulerLoop(engine, inbox, to_detok, to_frontend, cfg.overlap_on, cfg.replica)
     if runner.host_kv is not None:
         loop.host_load_s = runner.host_kv.load_seconds
-    loop.run()
+    try:
+        loop.run()
+    finally:
+        if recorder is not None:
+            recorder.close()
 
 
 class SchedulerLoop:
@@ -144,7 +159,10 @@ class SchedulerLoop:
             items += produced
             if items:
                 self.to_detok.send(messages.encode(messages.TokenBatch(items=items)))
-            self.send_stats(force=not self.engine.has_work())
+            idle = not self.engine.has_work()  # nothing waits, runs or is in flight
+            if idle and self.engine.recorder is not None:
+                self.engine.recorder.flush()
+            self.send_stats(force=idle)
 
     def receive(self, timeout_ms: int) -> list[messages.TokenItem]:
         """Handle every message waiting (after blocking up to ``timeout_ms`` for the first)."""

@@ -264,6 +264,7 @@ async def models(request: Request) -> Response:
         "root": ctx.cfg.model_path,
         "max_model_len": ctx.cfg.max_model_len,
         "overlap_scheduling": ctx.cfg.overlap_on,
+        "record_steps": ctx.cfg.record_steps,
         "scheduler": asdict(ctx.cfg.scheduler),
         "dp": ctx.cfg.dp_size,
         "router": asdict(ctx.cfg.router),

@@ -3,7 +3,8 @@
 Writes what ``sim replay`` writes (``requests.csv``, ``steps.csv``,
 ``queues.csv``, ``summary.json``, ``report.html``; ``timeline.json`` with
 ``--timeline``), from client-side times plus this engine's stage timestamps
-when the server is this engine.
+when the server is this engine; with ``--server-steps`` also the engine's own
+step record of the run (``engine_steps.csv``, see ``lab.bench.server_steps``).
 """
 
 from __future__ import annotations
@@ -15,11 +16,13 @@ from typing import Any
 
 from lab.bench.client import Target
 from lab.bench.prompts import PromptMaker, fresh_salt
-from lab.bench.run import run_bench, tokenizer_for
-from lab.bench.server import server_info
+from lab.bench.run import BenchResult, run_bench, tokenizer_for
+from lab.bench.server import ServerInfo, server_info
 from lab.outputs import write_outputs
 from schema.perfetto import TIMELINE_NAME, write_timeline
 from schema.run import RunResult
+from schema.steprecord import STEP_RECORD_NAME
+from schema.tables import write_csv
 from schema.traces import TraceError, load_trace
 
 
@@ -62,6 +65,14 @@ def build_parser() -> argparse.ArgumentParser:
         help="freeze the load generator's heap out of garbage collection after the warm-up, so "
         "that no full collection stalls its event loop mid-run (default: on)",
     )
+    p.add_argument(
+        "--server-steps",
+        nargs="?",
+        const="",
+        metavar="PATH",
+        help=f"write {STEP_RECORD_NAME}: the steps the server recorded during the run, read "
+        "from PATH (the file of its --record-steps; without PATH, the one its model card names)",
+    )
     p.add_argument("--slo-ttft-ms", type=float)
     p.add_argument("--slo-tpot-ms", type=float)
     p.add_argument("--timeline", action="store_true", help=f"also write {TIMELINE_NAME}")
@@ -90,8 +101,26 @@ def format_result(summary: dict[str, Any]) -> str:
 
 def write_bench(result: RunResult, out: Path, *, report: bool, timeline: bool) -> None:
     write_outputs(result, out, report=report)
+    if isinstance(result, BenchResult) and result.engine_steps is not None:
+        write_csv(result.engine_steps, out / STEP_RECORD_NAME)
     if timeline:
         write_timeline(out / TIMELINE_NAME, result.requests, result.steps, "engine bench")
+
+
+def server_steps_path(given: str | None, info: ServerInfo) -> Path | None:
+    """The step record to read after the run: ``given`` (``""``: the one the server names);
+    ``ValueError`` when there is none to read."""
+    if given is None:
+        return None
+    if info.ours and info.record_steps is None:
+        raise ValueError(f"{info.url} records no steps: start it with --record-steps PATH")
+    named = given or info.record_steps
+    if not named:
+        raise ValueError(f"{info.url} names no step record; give --server-steps PATH")
+    path = Path(named)
+    if not path.is_file():
+        raise ValueError(f"--server-steps: no step record at {path}")
+    return path
 
 
 def bench_main(argv: list[str] | None = None) -> int:
@@ -104,6 +133,7 @@ def bench_main(argv: list[str] | None = None) -> int:
         meta = info.ours if args.server_timestamps == "auto" else args.server_timestamps == "on"
         target = Target(info.url, args.model or info.model, meta, args.api_key)
         salt = fresh_salt() if args.prompt_salt is None else args.prompt_salt
+        steps_path = server_steps_path(args.server_steps, info)
         config = {
             "server": info.owned_by,
             "tokenizer": folder,
@@ -121,6 +151,7 @@ def bench_main(argv: list[str] | None = None) -> int:
             slo_tpot_ms=args.slo_tpot_ms,
             config=config,
             gc_freeze=args.gc_freeze,
+            server_steps=steps_path,
         )
     except (TraceError, ValueError, OSError) as exc:
         print(f"engine bench: error: {exc}", file=sys.stderr)

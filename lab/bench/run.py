@@ -3,22 +3,35 @@
 from __future__ import annotations
 
 import asyncio
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from lab.bench.client import Target
 from lab.bench.frames import itl_seconds, request_frame, step_frame
 from lab.bench.load import replay
 from lab.bench.prompts import PromptMaker
 from lab.bench.server import ServerInfo
+from lab.bench.server_steps import run_steps
 from schema.jsonsafe import json_safe
 from schema.metrics import summarize
 from schema.run import RunResult
 from schema.samples import WeightedSamples
 from schema.traces.record import Trace
 
+if TYPE_CHECKING:
+    import pandas as pd
+
 DEFAULT_TOKENIZER = "smollm2-135m"
 QUEUE_COLUMNS = ("time", "stage", "queue_len")
+
+
+@dataclass(slots=True)
+class BenchResult(RunResult):
+    """A benchmark's result; ``engine_steps``: the engine's step record of the run, where it
+    was read (``lab.bench.server_steps``)."""
+
+    engine_steps: pd.DataFrame | None = None
 
 
 def tokenizer_for(name: str | None, info: ServerInfo) -> tuple[Any, str]:
@@ -45,8 +58,11 @@ def run_bench(
     slo_tpot_ms: float | None = None,
     config: dict[str, Any] | None = None,
     gc_freeze: bool = True,
+    server_steps: Path | None = None,
 ) -> RunResult:
-    """Replay ``trace`` against ``target``; the result in ``sim replay``'s schema."""
+    """Replay ``trace`` against ``target``; the result in ``sim replay``'s schema (a
+    ``BenchResult``, with the engine's step record of the run read from ``server_steps``
+    when given)."""
     import pandas as pd
 
     prompts = [maker.text(r) for r in trace.requests]
@@ -86,4 +102,8 @@ def run_bench(
     }
     summary["wall_s"] = run.wall_s
     queues = pd.DataFrame(columns=list(QUEUE_COLUMNS))
-    return RunResult(json_safe(summary), requests, steps, queues, itl)
+    engine_steps = None
+    if server_steps is not None:
+        engine_steps = run_steps(server_steps, run.records, run.epoch0, run.wall_s)
+        summary["bench"]["server_steps"] = {"path": str(server_steps), "steps": len(engine_steps)}
+    return BenchResult(json_safe(summary), requests, steps, queues, itl, engine_steps)

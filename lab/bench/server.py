@@ -2,8 +2,9 @@
 
 Any OpenAI-compatible server answers ``GET /v1/models``; this engine's card says
 ``owned_by: engine`` and adds ``max_model_len``, ``overlap_scheduling``,
-``scheduler`` (the core's settings as it runs them), ``dp`` (its replicas) and
-``router`` (the router core's settings over them), and
+``scheduler`` (the core's settings as it runs them), ``dp`` (its replicas),
+``router`` (the router core's settings over them) and ``record_steps`` (the
+file its step record goes to, or null), and
 its ``/metrics`` gives ``engine_kv_pages_total``. Only this engine gets ``return_meta_info``.
 """
 
@@ -33,6 +34,7 @@ class ServerInfo:
     scheduler: dict[str, Any] | None = None  # the scheduler core's settings, where it says
     dp: int = 1  # data-parallel replicas behind the server
     router: dict[str, Any] | None = None  # the router core's settings over them, where it says
+    record_steps: str | None = None  # the file of its step record, where it keeps one
 
     @property
     def ours(self) -> bool:
@@ -72,6 +74,7 @@ def server_info(url: str, api_key: str | None = None, timeout: float = 30.0) -> 
     overlap = card.get("overlap_scheduling")
     scheduler = card.get("scheduler")
     dp, router = card.get("dp"), card.get("router")
+    record = card.get("record_steps")
     return ServerInfo(
         url=url,
         model=str(card["id"]),
@@ -83,4 +86,5 @@ def server_info(url: str, api_key: str | None = None, timeout: float = 30.0) -> 
         scheduler=scheduler if isinstance(scheduler, dict) else None,
         dp=dp if isinstance(dp, int) and dp >= 1 else 1,
         router=router if isinstance(router, dict) else None,
+        record_steps=record if isinstance(record, str) else None,
     )

@@ -1,0 +1,92 @@
+"""The step record of scheduler rank 0 (``engine serve --record-steps PATH``).
+
+One row per step that ran a plan on the model, in ``schema.steprecord``'s
+columns, times in epoch seconds. A step costs the recorder a few clock reads,
+the plan's ``StepShape`` (computed while the device runs the step) and one
+tuple appended to a list; the rows reach the file as CSV in batches: every
+``FLUSH_EVERY`` steps, whenever the scheduler falls idle (so a benchmark that
+waits for its last token finds every step of its run in the file), and at
+exit. A flush holds SIGTERM back until its rows are written whole.
+"""
+
+from __future__ import annotations
+
+import csv
+import signal
+from pathlib import Path
+from typing import NamedTuple
+
+from core.scheduler import Plan, StepShape
+from schema.steprecord import STEP_RECORD_COLUMNS
+
+FLUSH_EVERY = 256  # rows kept between writes while busy (a write stalls the loop: keep it short)
+
+
+class Launch(NamedTuple):
+    """What a step's row knows once the step is on the device: all but ``done`` and
+    ``device_ms`` (see ``schema.steprecord``)."""
+
+    step: int
+    schedule_start: float
+    schedule_end: float
+    launched: float
+    in_flight: bool
+    num_waiting: int
+    num_running: int
+    prefill_requests: int
+    shape: StepShape
+
+    @staticmethod
+    def of(
+        plan: Plan,
+        times: tuple[float, float, float],
+        in_flight: bool,
+        counts: tuple[int, int],
+    ) -> Launch:
+        """``times``: the ``schedule`` call's start and end and the launch; ``counts``: the
+        waiting and running requests before ``schedule``."""
+        return Launch(
+            plan.step, *times, in_flight, *counts, len(plan.prefill), StepShape.of_plan(plan)
+        )
+
+
+Row = tuple[int | float | None, ...]
+
+
+class StepRecorder:
+    """Appends step rows to a CSV file with a header row (the file is replaced)."""
+
+    def __init__(self, path: Path, flush_every: int = FLUSH_EVERY) -> None:
+        self.flush_every = flush_every
+        self.rows: list[Row] = []
+        self.file = path.open("w", newline="")
+        self.writer = csv.writer(self.file)
+        self.writer.writerow(STEP_RECORD_COLUMNS)
+        self.file.flush()
+
+    def add(self, launch: Launch, done: float, device_ms: float | None) -> None:
+        s = launch.shape
+        self.rows.append((
+            launch.step, launch.schedule_start, launch.schedule_end, launch.launched, done,
+            device_ms, int(launch.in_flight), launch.num_waiting, launch.num_running,
+            launch.prefill_requests, s.prefill_tokens, s.decode_requests, s.context_tokens,
+            s.decode_context, s.decode_padded, s.prefill_attention, s.sampled,
+        ))  # fmt: skip
+        if len(self.rows) >= self.flush_every:
+            self.flush()
+
+    def flush(self) -> None:
+        """Write the rows kept so far (SIGTERM waits until they are written)."""
+        if not self.rows:
+            return
+        held = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})
+        try:
+            self.writer.writerows(self.rows)
+            self.file.flush()
+            self.rows.clear()
+        finally:
+            signal.pthread_sigmask(signal.SIG_SETMASK, held)
+
+    def close(self) -> None:
+        self.flush()
+        self.file.close()
