@@ -19,6 +19,10 @@
 #   attribution  `sim validate` with the engine's step record (error attribution) on the
 #             Azure conversation trace, a busy window of the code trace and a long-prompt
 #             trace with shared prefixes ($ATTR_RUNS, $ATTR_REPEATS)
+#   cluster   `engine serve --dp 2 --dp-share-gpu` of Qwen3-0.6B against its simulation on the
+#             Mooncake conversation trace, per router policy ($CLUSTER_POLICIES, _SCALE, _LIMIT)
+#   tier      the host KV tier: `sim validate` of a trace whose shared prefixes outgrow a small
+#             device pool, with the tier off and on ($TIER_GB, $TIER_PAGES, $TIER_RATE)
 #   fastmax   decode steps and idle GPU time with FlashInfer's plan() taking the longest
 #             sequence on the tensor (the default) and element by element
 #   serve     the offline workload over HTTP: Llama-3.1-8B (overlap on and off), Qwen3-0.6B
@@ -122,6 +126,48 @@ for part in $parts; do
         fi
         kill "$pid" 2>/dev/null
         wait "$pid" 2>/dev/null
+        ;;
+    cluster)  # two Qwen3-0.6B replicas sharing the GPU behind the in-process router, per policy
+        qprofile=$out/h200_qwen3-0.6b.csv
+        run profile_qwen3 200 python3 -m lab.cli.engine profile --model qwen3-0.6b --dummy-weights \
+            --tokenizer .gpu/tokenizer --device cuda --max-seconds "${CLUSTER_PROFILE_SECONDS:-90}" \
+            --out "$qprofile"
+        for policy in ${CLUSTER_POLICIES:-round_robin cache_aware}; do
+            python3 -m lab.cli.engine serve --model qwen3-0.6b --dummy-weights \
+                --tokenizer .gpu/tokenizer --device cuda --port 18600 --dp 2 --dp-share-gpu \
+                --router "$policy" >"$out/cluster_${policy}_server.log" 2>&1 &
+            pid=$!
+            if wait_ready http://127.0.0.1:18600 "$pid" 240; then
+                run "cluster_$policy" 400 python3 -m lab.cli.sim validate \
+                    traces/mooncake_conversation.jsonl --url http://127.0.0.1:18600 \
+                    --profile "$qprofile" --tokenizer .gpu/tokenizer --limit "${CLUSTER_LIMIT:-600}" \
+                    --rate-scale "${CLUSTER_SCALE:-2}" --repeats 1 --no-report --no-progress \
+                    --out "$out/cluster_$policy"
+            else
+                tail -n 20 "$out/cluster_${policy}_server.log"
+            fi
+            kill "$pid" 2>/dev/null
+            wait "$pid" 2>/dev/null
+        done
+        ;;
+    tier)  # the host KV tier: a trace whose prefixes outgrow a small device pool, with and without
+        python3 -m lab.cli.sim gen --rate "${TIER_RATE:-4}" --input uniform:8704:10240 \
+            --output fixed:64 --num "${TIER_NUM:-200}" --prefix-groups 40 --prefix-len fixed:8192 \
+            --seed 11 --out build/tier_reuse.jsonl
+        for gb in ${TIER_GB:-0 48}; do
+            pid=$(serve_bg 18700 "$out/tier_gb${gb}_server.log" --num-pages "${TIER_PAGES:-2048}" \
+                --host-kv-gb "$gb")
+            if wait_ready http://127.0.0.1:18700 "$pid" 240; then
+                run "tier_gb$gb" 300 python3 -m lab.cli.sim validate build/tier_reuse.jsonl \
+                    --url http://127.0.0.1:18700 --profile profiles/h200_llama-3.1-8b.csv \
+                    --tokenizer .gpu/tokenizer --max-running 256 --repeats 1 --no-report \
+                    --no-progress --out "$out/tier_gb$gb"
+            else
+                tail -n 20 "$out/tier_gb${gb}_server.log"
+            fi
+            kill "$pid" 2>/dev/null
+            wait "$pid" 2>/dev/null
+        done
         ;;
     fastmax)  # FlashInfer's plan() with and without the tensor max, each twice in one run
         run fastmax_runner 300 python3 scripts/bench_gpu_runner.py --skip-prefill \
