@@ -151,7 +151,7 @@ for part in $parts; do
         done
         ;;
     tier)  # the host KV tier: a trace whose prefixes outgrow a small device pool, with and without
-        python3 -m lab.cli.sim gen --rate "${TIER_RATE:-4}" --input uniform:8704:10240 \
+        python3 -m lab.cli.sim gen --rate "${TIER_RATE:-2.5}" --input uniform:8704:10240 \
             --output fixed:64 --num "${TIER_NUM:-200}" --prefix-groups 40 --prefix-len fixed:8192 \
             --seed 11 --out build/tier_reuse.jsonl
         for gb in ${TIER_GB:-0 48}; do
