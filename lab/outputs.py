@@ -1,8 +1,9 @@
 """The output files of a run, real (``engine bench``) or simulated (``sim replay``).
 
 In ``out_dir``: ``requests.csv``, the step table (``steps.csv`` by default, the
-compact ``steps.parquet`` on request, or none), ``queues.csv``, ``summary.json``
-and ``report.html``.
+compact ``steps.parquet`` on request, or none), ``queues.csv``, ``summary.json``,
+``report.html``, and the step record ``engine_steps.csv`` where the run has one
+(``schema.steprecord``).
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ import pandas as pd
 from lab.report import write_report
 from schema.jsonsafe import json_safe
 from schema.run import RunResult
+from schema.steprecord import STEP_RECORD_NAME
 from schema.tables import STEP_FORMATS, write_csv, write_parquet
 
 
@@ -37,6 +39,8 @@ def write_outputs(
     write_csv(result.requests, out_dir / "requests.csv")
     write_steps(result.steps, out_dir, steps)
     write_csv(result.queues, out_dir / "queues.csv")
+    if result.engine_steps is not None:
+        write_csv(result.engine_steps, out_dir / STEP_RECORD_NAME)
     summary = result.summary
     if report:
         verdict = write_report(

@@ -14,7 +14,12 @@
    (``sim/``); the CPU stage costs come from the profile too.
 5. Write ``comparison.json`` (``lab.validate.compare``, TTFT split by stage included)
    and ``report.html`` (real and simulated CDFs and timelines overlaid); every
-   run also writes its own outputs and ``timeline.json``.
+   run also writes its own outputs and ``timeline.json``; the simulation also
+   its step record (``sim/engine_steps.csv``).
+6. Where the real runs hold the engine's step record (``real-N/engine_steps.csv``),
+   attribute each metric's error to the step-time model, the CPU stages and
+   scheduling divergence (``lab.validate.attribution``): ``attribution.json``, a
+   table in the report and in the printed summary.
 
 With ``--real-from DIR`` instead of ``--url``, steps 1-3 are the runs an
 earlier validation recorded in ``DIR`` (``lab.validate.revalidate``): a new profile
@@ -36,6 +41,14 @@ from typing import TYPE_CHECKING, Any
 
 from core.scheduler.options import add_scheduler_flags
 from lab.outputs import write_outputs
+from lab.validate.attribution import (
+    ATTRIBUTION_NAME,
+    RealRun,
+    attribute,
+    format_attribution,
+    read_real_run,
+    with_step_record,
+)
 from lab.validate.capacity import add_capacity_flags, format_capacity, run_capacity
 from lab.validate.compare import compare, format_comparison, ttft_parts
 from lab.validate.regime import regimes
@@ -43,6 +56,7 @@ from lab.validate.revalidate import recorded_config, recorded_runs, recorded_tra
 from schema.jsonsafe import json_safe
 from schema.perfetto import TIMELINE_NAME, write_timeline
 from schema.run import RunResult
+from schema.steprecord import STEP_RECORD_NAME
 from schema.traces import Trace, load_trace
 from sim.config import CONFIG_KEYS, SCHEDULER_KEYS, SimConfig, build_config, read_config_file
 from sim.costs.committed import profile_dtype
@@ -138,7 +152,7 @@ def run_real(args: argparse.Namespace, trace: Trace, info: ServerInfo) -> list[R
 
 
 def run_sim(args: argparse.Namespace, trace: Trace, config: SimConfig) -> RunResult:
-    result = run_replay(trace, config, progress=not args.no_progress)
+    result = run_replay(trace, config, progress=not args.no_progress, record_steps=True)
     out = args.out / "sim"
     write_outputs(result, out, report=not args.no_report)
     write_timeline(out / TIMELINE_NAME, result.requests, result.steps, "sim replay")
@@ -168,6 +182,7 @@ def cmd_validate(args: argparse.Namespace) -> int:
     real: list[RunResult] | None = None
     if args.real_from is not None:
         record, recorded = recorded_runs(args.real_from)
+        folder = args.real_from
         trace = recorded_trace(args, record, recorded[0][1])
         config = recorded_config(args, record)
         summaries, frames = [s for s, _ in recorded], [r for _, r in recorded]
@@ -176,7 +191,10 @@ def cmd_validate(args: argparse.Namespace) -> int:
     else:
         trace, config, record, real = validate_live(args)
         summaries, frames = [r.summary for r in real], [r.requests for r in real]
+        folder = args.out
     sim = run_sim(args, trace, config)
+    runs = [folder / f"real-{i + 1}" for i in range(len(frames))]
+    attribution = attribute_runs(trace, config, sim.summary, runs, frames, summaries)
     comparison = compare(summaries, sim.summary)
     comparison["ttft_parts"] = ttft_parts(frames, sim.requests)
     comparison["regime"] = regimes(frames, sim.requests)
@@ -185,14 +203,46 @@ def cmd_validate(args: argparse.Namespace) -> int:
         "sim_config": config.to_dict(),
         "command": command_line(args),
     }
+    comparison["attribution"] = {
+        "file": ATTRIBUTION_NAME if "runs" in attribution else None,
+        "note": attribution.get("note"),
+    }
     (args.out / "comparison.json").write_text(json.dumps(json_safe(comparison), indent=2) + "\n")
+    if "runs" in attribution:
+        text = json.dumps(json_safe(attribution), indent=2) + "\n"
+        (args.out / ATTRIBUTION_NAME).write_text(text)
     if real is not None and not args.no_report:
         from lab.validate.report import write_validation_report
 
-        write_validation_report(args.out, comparison, real, sim)
+        write_validation_report(args.out, comparison, real, sim, attribution)
     print(format_comparison(comparison))
+    print("\n" + format_attribution(attribution))
     print(f"\noutputs in {args.out}/")
     return 0
+
+
+def attribute_runs(
+    trace: Trace,
+    config: SimConfig,
+    sim_summary: dict[str, Any],
+    folders: list[Path],
+    frames: list[Any],
+    summaries: list[dict[str, Any]],
+) -> dict[str, Any]:
+    """The error attribution of the real runs in ``folders`` that hold a step record; where
+    none does, only a ``note`` saying so (and which do not, under ``note`` too)."""
+    have, lack = with_step_record(folders)
+    missing = f"{', '.join(f.name for f in lack)} hold(s) no {STEP_RECORD_NAME}"
+    if not have:
+        return {"note": f"no error attribution: {missing} (record the server's steps: "
+                        "engine serve --record-steps, engine bench --server-steps)"}  # fmt: skip
+    runs: list[RealRun] = [
+        read_real_run(f, frames[folders.index(f)], summaries[folders.index(f)]) for f in have
+    ]
+    out = attribute(trace, config, sim_summary, runs)
+    if lack:
+        out["note"] = f"attributed {len(have)} of {len(folders)} real runs: {missing}"
+    return out
 
 
 def live_inputs(args: argparse.Namespace) -> tuple[ServerInfo, Trace, SimConfig, dict[str, Any]]:
