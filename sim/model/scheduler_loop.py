@@ -34,6 +34,7 @@ reached the scheduler) ends the wait after the step running then.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Generator
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -159,14 +160,13 @@ class SimSchedulerLoop:
         start = env.now
         shape = StepShape.of_plan(plan)
         schedule = self.cpu.schedule_time(plan.batch_size)
-        if self.record is None:
-            duration = self.gpu.step_time(shape) + schedule
-        else:
-            wall, gpu = self.gpu.times(shape)
-            duration = wall + schedule
+        duration = self.gpu.step_time(shape) + schedule
+        if self.record is not None:  # no device time: the strict loop prices none
             launched = start + schedule
             times = (start, launched, launched, start + duration)
-            self.record.add(plan.step, times, gpu, False, self._counts, len(plan.prefill), shape)
+            self.record.add(
+                plan.step, times, math.nan, False, self._counts, len(plan.prefill), shape
+            )
         stats = s.stats()
         yield env.timeout(duration)
         events = s.complete(plan, None)
@@ -219,7 +219,7 @@ class SimSchedulerLoop:
         longest = max(planned)
         wall = self.gpu.decode_times(batch, context + batch, longest + 1, k)
         schedule = self.cpu.schedule_time(batch)
-        device: np.ndarray | None  # the steps' device times, where the pricing gave them
+        device: np.ndarray | None  # the steps' device times, where the loop priced them
         if prev is None:  # strict: step j runs [start, start + cpu + gpu]; tokens at its end
             gpu, durations = wall, wall + schedule
             clock = np.cumsum(np.concatenate(([now], durations)))
@@ -256,9 +256,8 @@ class SimSchedulerLoop:
         if self.record is not None:
             times = (begins[:j], begins[:j] + schedule, launched[:j], done[:j])
             first = (batch, context + batch, longest + 1)
-            if device is None:  # strict: the run was priced by its wall times only
-                device = self.gpu.decode_device_times(*first, j)
-            self._record_run_steps(self.record, run, times, device[:j], prev, first, stats)
+            device = np.full(j, np.nan) if device is None else device[:j]
+            self._record_run_steps(self.record, run, times, device, prev, first, stats)
         if run.in_flight is None:
             return None
         return Launched(run.in_flight, float(starts[j - 1] + gpu[j - 1]))

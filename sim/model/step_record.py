@@ -5,15 +5,16 @@ the simulated clock's times (seconds from the run's start):
 
 - strict loop: ``schedule_start`` = the step's start, ``schedule_end`` =
   ``launched`` = start + the scheduler's CPU time, ``done`` = the step's end
-  (its tokens leave then); ``in_flight`` is 0;
+  (its tokens leave then); ``in_flight`` is 0 and ``device_ms`` empty (the
+  strict loop prices a step's wall time only, as the engine records no device
+  time where it cannot time the device);
 - overlapped loop: ``schedule_start`` = the iteration's start, ``schedule_end``
   = it + the scheduler's CPU time, ``launched`` = when the CPU launched the
   plan (scheduler time plus the step's host work), ``done`` = the end of its
   GPU work; ``in_flight`` = 1 when the previous step's GPU work had not ended
-  at ``launched``.
+  at ``launched``; ``device_ms`` the cost model's device time of the step.
 
-``device_ms`` is the cost model's device time of the step, ``num_waiting`` and
-``num_running`` the core's counts just before ``schedule``. A fast-forwarded
+``num_waiting`` and ``num_running`` are the core's counts just before ``schedule``. A fast-forwarded
 decode run is expanded with numpy as it is added (its shapes grow by one token
 a request per step), so the record costs a few array appends per step; it is
 kept only when asked for (``LoopSettings.record_steps``).
