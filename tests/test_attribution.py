@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -13,6 +14,7 @@ from core.scheduler.shape import StepShape
 from lab.cli.sim import main as sim_main
 from lab.outputs import write_outputs
 from lab.validate.attribution import METRICS, PARTS, decompose
+from schema.run import RunResult
 from schema.steprecord import STEP_RECORD_COLUMNS, STEP_RECORD_NAME
 from schema.traces import load_trace
 from sim.config import SimConfig, build_config
@@ -59,31 +61,63 @@ def validation_config(overlap: bool) -> SimConfig:
     )
 
 
-def attribute_simulated_run(tmp_path: Path, overlap: bool, factor: float | None) -> dict:
-    """A simulated run (its steps ``factor`` x the model's, if given) written as the real run
-    of an earlier validation, then ``sim validate --real-from`` on it: its attribution."""
+def validate_again(
+    tmp_path: Path, overlap: bool, factor: float | None, record: bool
+) -> tuple[Path, RunResult]:
+    """A simulated run (its steps ``factor`` x the model's, if given; with its step record, if
+    ``record``) written as the real run of an earlier validation, then ``sim validate
+    --real-from`` on it: its output folder, and the run."""
     trace = load_trace(TRACE, limit=LIMIT, rate_scale=RATE_SCALE)
     config = validation_config(overlap)
     costs = None
     if factor is not None:
         gpu, cpu = build_costs(config)
         costs = (Scaled(gpu, factor), cpu)
-    real = run_replay(trace, config, progress=False, record_steps=True, costs=costs)
+    real = run_replay(trace, config, progress=False, record_steps=record, costs=costs)
     earlier = tmp_path / "earlier"
     write_outputs(real, earlier / "real-1", report=False)
-    assert (earlier / "real-1" / STEP_RECORD_NAME).is_file()
+    assert (earlier / "real-1" / STEP_RECORD_NAME).is_file() == record
     run = {"trace": trace.describe(), "repeats": 1, "sim_config": config.to_dict()}
     (earlier / "comparison.json").write_text(json.dumps({"run": run}))
     out = tmp_path / "again"
     args = ["validate", str(TRACE), "--real-from", str(earlier), "--profile", PROFILE,
             "--out", str(out), "--no-report", "--no-progress"]  # fmt: skip
     assert sim_main(args) == 0
+    assert (out / "sim" / STEP_RECORD_NAME).is_file()
+    return out, real
+
+
+def attribute_simulated_run(tmp_path: Path, overlap: bool, factor: float | None) -> dict:
+    """``validate_again`` with the step record: the real run's attribution."""
+    out, real = validate_again(tmp_path, overlap, factor, record=True)
     attribution = json.loads((out / "attribution.json").read_text())
     assert json.loads((out / "comparison.json").read_text())["attribution"]["file"]
-    assert (out / "sim" / STEP_RECORD_NAME).is_file()
     result: dict = attribution["runs"]["real-1"]
     result["wait_p90_ms"] = float(real.requests["scheduler_wait_ms"].quantile(0.9))
     return result
+
+
+@pytest.mark.parametrize("overlap", [False, True])
+def test_the_step_record_of_fast_forwarded_runs_is_that_of_single_steps(overlap: bool) -> None:
+    trace = load_trace(TRACE, limit=60, rate_scale=RATE_SCALE)
+    config = validation_config(overlap)
+    fast = run_replay(trace, config, progress=False, record_steps=True)
+    slow = run_replay(trace, replace(config, fast_forward=False), progress=False, record_steps=True)
+    assert fast.summary["fast_forward"]["steps_in_runs"] > len(fast.engine_steps) / 2
+    assert list(fast.engine_steps.columns) == list(STEP_RECORD_COLUMNS)
+    pd.testing.assert_frame_equal(fast.engine_steps, slow.engine_steps, rtol=1e-12)
+    e = fast.engine_steps
+    assert (e["schedule_start"] <= e["schedule_end"]).all()
+    assert (e["schedule_end"] <= e["launched"]).all() and (e["launched"] <= e["done"]).all()
+    assert (e["step"].to_numpy() == fast.steps["step"].to_numpy()).all()
+    assert e["device_ms"].notna().all() == overlap and e["in_flight"].any() == overlap
+
+
+def test_runs_without_a_step_record_are_said_to_have_none(tmp_path: Path) -> None:
+    out, _ = validate_again(tmp_path, overlap=False, factor=None, record=False)
+    assert not (out / "attribution.json").exists()
+    note = json.loads((out / "comparison.json").read_text())["attribution"]["note"]
+    assert note.startswith("no error attribution: real-1 hold(s) no engine_steps.csv")
 
 
 def test_the_parts_add_up_to_the_total() -> None:

@@ -107,16 +107,6 @@ def decompose(
     return out
 
 
-def with_step_record(folders: list[Path]) -> tuple[list[Path], list[Path]]:
-    """The folders that hold a step record, and those that do not."""
-    have = [f for f in folders if (f / STEP_RECORD_NAME).is_file()]
-    return have, [f for f in folders if f not in have]
-
-
-def read_real_run(folder: Path, requests: pd.DataFrame, summary: dict[str, Any]) -> RealRun:
-    return RealRun(folder.name, requests, summary, read_step_record(folder / STEP_RECORD_NAME))
-
-
 def simulate_b_and_a(
     trace: Trace, config: SimConfig, run: RealRun, costs: tuple[GpuCostModel, CpuCosts]
 ) -> tuple[dict[str, Any], dict[str, Any], RecordedCostModel, RecordedCostModel]:
@@ -160,17 +150,37 @@ def attribute_run(
 
 
 def attribute(
-    trace: Trace, config: SimConfig, c_summary: dict[str, Any], runs: list[RealRun]
+    trace: Trace,
+    config: SimConfig,
+    c_summary: dict[str, Any],
+    folders: list[Path],
+    requests: list[pd.DataFrame],
+    summaries: list[dict[str, Any]],
 ) -> dict[str, Any]:
-    """``attribution.json``: every run's attribution, and how to read it."""
+    """``attribution.json``: the attribution of each real run (its folder, requests table and
+    summary) whose folder holds a step record, and how to read it; a ``note`` names the runs
+    without one (and is all there is when none has one)."""
+    runs = [
+        RealRun(f.name, r, s, read_step_record(f / STEP_RECORD_NAME))
+        for f, r, s in zip(folders, requests, summaries, strict=True)
+        if (f / STEP_RECORD_NAME).is_file()
+    ]
+    lacking = [f.name for f in folders if not (f / STEP_RECORD_NAME).is_file()]
+    missing = f"{', '.join(lacking)} hold(s) no {STEP_RECORD_NAME}"
+    if not runs:
+        return {"note": f"no error attribution: {missing} (record the server's steps: "
+                        "engine serve --record-steps, engine bench --server-steps)"}  # fmt: skip
     if config.replicas != 1:
         raise ValueError("the attribution replays one server (replicas = 1)")
-    return {
+    out: dict[str, Any] = {
         "order": ORDER,
         "parts": list(PARTS),
         "metrics": list(METRICS),
         "runs": {r.name: attribute_run(trace, config, c_summary, r) for r in runs},
     }
+    if lacking:
+        out["note"] = f"attributed {len(runs)} of {len(folders)} real runs: {missing}"
+    return out
 
 
 def format_attribution(attribution: dict[str, Any]) -> str:

@@ -41,14 +41,7 @@ from typing import TYPE_CHECKING, Any
 
 from core.scheduler.options import add_scheduler_flags
 from lab.outputs import write_outputs
-from lab.validate.attribution import (
-    ATTRIBUTION_NAME,
-    RealRun,
-    attribute,
-    format_attribution,
-    read_real_run,
-    with_step_record,
-)
+from lab.validate.attribution import ATTRIBUTION_NAME, attribute, format_attribution
 from lab.validate.capacity import add_capacity_flags, format_capacity, run_capacity
 from lab.validate.compare import compare, format_comparison, ttft_parts
 from lab.validate.regime import regimes
@@ -56,7 +49,6 @@ from lab.validate.revalidate import recorded_config, recorded_runs, recorded_tra
 from schema.jsonsafe import json_safe
 from schema.perfetto import TIMELINE_NAME, write_timeline
 from schema.run import RunResult
-from schema.steprecord import STEP_RECORD_NAME
 from schema.traces import Trace, load_trace
 from sim.config import CONFIG_KEYS, SCHEDULER_KEYS, SimConfig, build_config, read_config_file
 from sim.costs.committed import profile_dtype
@@ -194,7 +186,7 @@ def cmd_validate(args: argparse.Namespace) -> int:
         folder = args.out
     sim = run_sim(args, trace, config)
     runs = [folder / f"real-{i + 1}" for i in range(len(frames))]
-    attribution = attribute_runs(trace, config, sim.summary, runs, frames, summaries)
+    attribution = attribute(trace, config, sim.summary, runs, frames, summaries)
     comparison = compare(summaries, sim.summary)
     comparison["ttft_parts"] = ttft_parts(frames, sim.requests)
     comparison["regime"] = regimes(frames, sim.requests)
@@ -203,6 +195,19 @@ def cmd_validate(args: argparse.Namespace) -> int:
         "sim_config": config.to_dict(),
         "command": command_line(args),
     }
+    write_validation(args, comparison, attribution, real, sim)
+    return 0
+
+
+def write_validation(
+    args: argparse.Namespace,
+    comparison: dict[str, Any],
+    attribution: dict[str, Any],
+    real: list[RunResult] | None,
+    sim: RunResult,
+) -> None:
+    """``comparison.json``, ``attribution.json`` (where there is one), the report of a live
+    validation, and the printed tables."""
     comparison["attribution"] = {
         "file": ATTRIBUTION_NAME if "runs" in attribution else None,
         "note": attribution.get("note"),
@@ -218,31 +223,6 @@ def cmd_validate(args: argparse.Namespace) -> int:
     print(format_comparison(comparison))
     print("\n" + format_attribution(attribution))
     print(f"\noutputs in {args.out}/")
-    return 0
-
-
-def attribute_runs(
-    trace: Trace,
-    config: SimConfig,
-    sim_summary: dict[str, Any],
-    folders: list[Path],
-    frames: list[Any],
-    summaries: list[dict[str, Any]],
-) -> dict[str, Any]:
-    """The error attribution of the real runs in ``folders`` that hold a step record; where
-    none does, only a ``note`` saying so (and which do not, under ``note`` too)."""
-    have, lack = with_step_record(folders)
-    missing = f"{', '.join(f.name for f in lack)} hold(s) no {STEP_RECORD_NAME}"
-    if not have:
-        return {"note": f"no error attribution: {missing} (record the server's steps: "
-                        "engine serve --record-steps, engine bench --server-steps)"}  # fmt: skip
-    runs: list[RealRun] = [
-        read_real_run(f, frames[folders.index(f)], summaries[folders.index(f)]) for f in have
-    ]
-    out = attribute(trace, config, sim_summary, runs)
-    if lack:
-        out["note"] = f"attributed {len(have)} of {len(folders)} real runs: {missing}"
-    return out
 
 
 def live_inputs(args: argparse.Namespace) -> tuple[ServerInfo, Trace, SimConfig, dict[str, Any]]:
