@@ -2,8 +2,8 @@
 
 In ``out_dir``: ``requests.csv``, the step table (``steps.csv`` by default, the
 compact ``steps.parquet`` on request, or none), ``queues.csv``, ``summary.json``,
-``report.html``, and the step record ``engine_steps.csv`` where the run has one
-(``schema.steprecord``).
+and ``report.html``; ``write_step_record`` adds the step record
+``engine_steps.csv`` (``schema.steprecord``) of a run that kept one.
 """
 
 from __future__ import annotations
@@ -31,6 +31,13 @@ def write_steps(steps: pd.DataFrame, out_dir: Path, fmt: str) -> None:
         raise ValueError(f"unknown step table format {fmt!r}; known: {list(STEP_FORMATS)}")
 
 
+def write_step_record(engine_steps: pd.DataFrame | None, out_dir: Path) -> None:
+    """``engine_steps.csv`` in ``out_dir``, where the run kept a step record."""
+    if engine_steps is not None:
+        out_dir.mkdir(parents=True, exist_ok=True)
+        write_csv(engine_steps, out_dir / STEP_RECORD_NAME)
+
+
 def write_outputs(
     result: RunResult, out_dir: Path, *, report: bool = True, steps: str = "csv"
 ) -> dict[str, Any]:
@@ -39,8 +46,6 @@ def write_outputs(
     write_csv(result.requests, out_dir / "requests.csv")
     write_steps(result.steps, out_dir, steps)
     write_csv(result.queues, out_dir / "queues.csv")
-    if result.engine_steps is not None:
-        write_csv(result.engine_steps, out_dir / STEP_RECORD_NAME)
     summary = result.summary
     if report:
         verdict = write_report(

@@ -12,13 +12,10 @@ from schema.samples import WeightedSamples
 
 @dataclass(slots=True)
 class RunResult:
-    """``summary.json``'s content, the request, step and queue tables, and the ITL samples;
-    ``engine_steps``: the engine's step record of the run where it was read
-    (``schema.steprecord``)."""
+    """``summary.json``'s content, the request, step and queue tables, and the ITL samples."""
 
     summary: dict[str, Any]
     requests: pd.DataFrame
     steps: pd.DataFrame
     queues: pd.DataFrame
     itl_s: WeightedSamples
-    engine_steps: pd.DataFrame | None = None

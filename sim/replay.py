@@ -41,10 +41,12 @@ PROGRESS_MIN_REQUESTS = 1000
 @dataclass(slots=True)
 class ReplayResult(RunResult):
     """A simulated run, the scheduler (or ``RecordingScheduler``) that was driven (a list of
-    them, one per replica, for several), and the router of a cluster."""
+    them, one per replica, for several), the router of a cluster, and the step record
+    (``engine_steps.csv``) where it was kept."""
 
     scheduler: Any = None
     router: Router | None = None
+    engine_steps: pd.DataFrame | None = None  # the step record, where it was kept
 
 
 class _Bar(Progress):
@@ -165,14 +167,7 @@ def run_replay(
     summary["wall_s"] = time.perf_counter() - wall0
     scheduler = schedulers[0] if len(schedulers) == 1 else schedulers
     return ReplayResult(
-        json_safe(summary),
-        requests,
-        steps,
-        queues,
-        itl,
-        engine_steps=engine_steps,
-        scheduler=scheduler,
-        router=router,
+        json_safe(summary), requests, steps, queues, itl, scheduler, router, engine_steps
     )
 
 

@@ -12,7 +12,7 @@ import pytest
 
 from core.scheduler.shape import StepShape
 from lab.cli.sim import main as sim_main
-from lab.outputs import write_outputs
+from lab.outputs import write_outputs, write_step_record
 from lab.validate.attribution import METRICS, PARTS, decompose
 from schema.run import RunResult
 from schema.steprecord import STEP_RECORD_COLUMNS, STEP_RECORD_NAME
@@ -76,6 +76,7 @@ def validate_again(
     real = run_replay(trace, config, progress=False, record_steps=record, costs=costs)
     earlier = tmp_path / "earlier"
     write_outputs(real, earlier / "real-1", report=False)
+    write_step_record(real.engine_steps, earlier / "real-1")
     assert (earlier / "real-1" / STEP_RECORD_NAME).is_file() == record
     run = {"trace": trace.describe(), "repeats": 1, "sim_config": config.to_dict()}
     (earlier / "comparison.json").write_text(json.dumps({"run": run}))

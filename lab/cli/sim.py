@@ -142,7 +142,7 @@ def format_summary(summary: dict[str, Any]) -> str:
 
 
 def cmd_replay(args: argparse.Namespace) -> int:
-    from lab.outputs import write_outputs
+    from lab.outputs import write_outputs, write_step_record
     from schema.perfetto import TIMELINE_NAME, write_timeline
     from sim.replay import run_replay
 
@@ -152,6 +152,7 @@ def cmd_replay(args: argparse.Namespace) -> int:
         trace, config, progress=not args.no_progress, record_steps=args.record_steps
     )
     summary = write_outputs(result, args.out, report=not args.no_report, steps=args.steps)
+    write_step_record(result.engine_steps, args.out)
     if args.timeline:
         write_timeline(args.out / TIMELINE_NAME, result.requests, result.steps, "sim replay")
     print(format_summary(summary))

@@ -40,7 +40,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from core.scheduler.options import add_scheduler_flags
-from lab.outputs import write_outputs
+from lab.outputs import write_outputs, write_step_record
 from lab.validate.attribution import ATTRIBUTION_NAME, attribute, format_attribution
 from lab.validate.capacity import add_capacity_flags, format_capacity, run_capacity
 from lab.validate.compare import compare, format_comparison, ttft_parts
@@ -147,6 +147,7 @@ def run_sim(args: argparse.Namespace, trace: Trace, config: SimConfig) -> RunRes
     result = run_replay(trace, config, progress=not args.no_progress, record_steps=True)
     out = args.out / "sim"
     write_outputs(result, out, report=not args.no_report)
+    write_step_record(result.engine_steps, out)
     write_timeline(out / TIMELINE_NAME, result.requests, result.steps, "sim replay")
     return result
 
