@@ -14,6 +14,7 @@ from core.scheduler.shape import StepShape
 from lab.cli.sim import main as sim_main
 from lab.outputs import write_outputs, write_step_record
 from lab.validate.attribution import METRICS, PARTS, decompose
+from lab.validate.attribution_report import attribution_section
 from schema.run import RunResult
 from schema.steprecord import STEP_RECORD_COLUMNS, STEP_RECORD_NAME
 from schema.traces import load_trace
@@ -93,6 +94,8 @@ def attribute_simulated_run(tmp_path: Path, overlap: bool, factor: float | None)
     out, real = validate_again(tmp_path, overlap, factor, record=True)
     attribution = json.loads((out / "attribution.json").read_text())
     assert json.loads((out / "comparison.json").read_text())["attribution"]["file"]
+    section = attribution_section(attribution)  # the report's section reads the same file
+    assert "real-1" in section.body and "step-time model (C - B)" in section.body
     result: dict = attribution["runs"]["real-1"]
     result["wait_p90_ms"] = float(real.requests["scheduler_wait_ms"].quantile(0.9))
     return result

@@ -135,11 +135,12 @@ def attribute_run(
         key: decompose(value(run.summary, key), value(c_summary, key), value(b, key), value(a, key))
         for key in METRICS
     }
+    a_steps = a_model.matched + a_model.unmatched
     plans = {
         "recorded_steps": len(run.record),
         "B": {"matched": b_model.matched, "unmatched": b_model.unmatched},
         "A": {"matched": a_model.matched, "unmatched": a_model.unmatched},
-        "A_matched_share": (a_model.matched / len(run.record)) if len(run.record) else None,
+        "A_matched_share": a_model.matched / a_steps if a_steps else None,
     }
     return {
         "metrics": metrics,
@@ -195,9 +196,9 @@ def format_attribution(attribution: dict[str, Any]) -> str:
         plans = run["plans"]
         share = plans["A_matched_share"]
         lines += [
-            f"{name}: A matched {plans['A']['matched']} of {plans['recorded_steps']} recorded "
-            f"steps ({'-' if share is None else f'{share:.0%}'}), "
-            f"{plans['A']['unmatched']} unmatched",
+            f"{name}: {plans['A']['matched']} of A's "
+            f"{plans['A']['matched'] + plans['A']['unmatched']} steps matched a recorded step "
+            f"({'-' if share is None else f'{share:.0%}'}; {plans['recorded_steps']} recorded)",
             head,
         ]
         for key, e in run["metrics"].items():

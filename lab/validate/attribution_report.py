@@ -69,9 +69,10 @@ def attribution_section(attribution: dict[str, Any]) -> Section:
     for name, run in attribution["runs"].items():
         plans = run["plans"]
         body.append(
-            f"<h3>{html.escape(name)}</h3><p class='note'>A matched {plans['A']['matched']} of "
-            f"{plans['recorded_steps']} recorded steps ({plans['A']['unmatched']} steps of A "
-            f"unmatched, priced by the corrected model)</p>"
+            f"<h3>{html.escape(name)}</h3><p class='note'>{plans['A']['matched']} of A's "
+            f"{plans['A']['matched'] + plans['A']['unmatched']} steps matched a recorded step "
+            f"({plans['recorded_steps']} recorded); the others were priced by the corrected "
+            "model</p>"
         )
         body.append(_metrics_table(run))
         body.append(
