@@ -1,8 +1,9 @@
 """The output files of a run, real (``engine bench``) or simulated (``sim replay``).
 
 In ``out_dir``: ``requests.csv``, the step table (``steps.csv`` by default, the
-compact ``steps.parquet`` on request, or none), ``queues.csv``, ``summary.json``
-and ``report.html``.
+compact ``steps.parquet`` on request, or none), ``queues.csv``, ``summary.json``,
+and ``report.html``; ``write_step_record`` adds the step record
+``engine_steps.csv`` (``schema.steprecord``) of a run that kept one.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ import pandas as pd
 from lab.report import write_report
 from schema.jsonsafe import json_safe
 from schema.run import RunResult
+from schema.steprecord import STEP_RECORD_NAME
 from schema.tables import STEP_FORMATS, write_csv, write_parquet
 
 
@@ -27,6 +29,13 @@ def write_steps(steps: pd.DataFrame, out_dir: Path, fmt: str) -> None:
         write_csv(steps, out_dir / "steps.csv")
     elif fmt != "none":
         raise ValueError(f"unknown step table format {fmt!r}; known: {list(STEP_FORMATS)}")
+
+
+def write_step_record(engine_steps: pd.DataFrame | None, out_dir: Path) -> None:
+    """``engine_steps.csv`` in ``out_dir``, where the run kept a step record."""
+    if engine_steps is not None:
+        out_dir.mkdir(parents=True, exist_ok=True)
+        write_csv(engine_steps, out_dir / STEP_RECORD_NAME)
 
 
 def write_outputs(

@@ -49,6 +49,11 @@ REQUEST_COLUMNS = (
     "detokenize_ms",
     "frontend_ms",
 )
+SERVER_TOKEN_COLUMNS = ("server_first_token", "server_last_token")
+"""When the server gave a request its first and its last token (the end of the scheduler step
+that produced it), on the run's clock: extra columns of ``requests.csv`` where the server
+reports token times. Client time minus these is the token's way out (detokenizer, IPC,
+streaming)."""
 
 
 def _stats(samples: WeightedSamples) -> dict[str, float | None]:

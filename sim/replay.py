@@ -14,7 +14,7 @@ from tqdm import tqdm
 from core.router import Router
 from core.scheduler import Scheduler, SchedulerStats
 from schema.jsonsafe import json_safe
-from schema.metrics import REQUEST_COLUMNS, TIME_COLUMNS, summarize
+from schema.metrics import REQUEST_COLUMNS, SERVER_TOKEN_COLUMNS, TIME_COLUMNS, summarize
 from schema.run import RunResult
 from schema.traces import Trace
 from sim.config import SimConfig
@@ -25,9 +25,17 @@ from sim.costs.presets import hardware
 from sim.model.calls import RecordingScheduler
 from sim.model.cluster import Cluster
 from sim.model.pipeline import Pipeline
+from sim.model.recorded_stages import RecordedStages
 from sim.model.replica import Progress, Replica, RequestRecords
 from sim.model.scheduler_loop import LoopSettings
-from sim.replicas import itl_samples, replica_summaries, router_summary, step_frame, sum_over
+from sim.replicas import (
+    itl_samples,
+    replica_summaries,
+    router_summary,
+    step_frame,
+    step_record_frame,
+    sum_over,
+)
 
 PROGRESS_MIN_REQUESTS = 1000
 
@@ -35,10 +43,12 @@ PROGRESS_MIN_REQUESTS = 1000
 @dataclass(slots=True)
 class ReplayResult(RunResult):
     """A simulated run, the scheduler (or ``RecordingScheduler``) that was driven (a list of
-    them, one per replica, for several), and the router of a cluster."""
+    them, one per replica, for several), the router of a cluster, and the step record
+    (``engine_steps.csv``) where it was kept."""
 
     scheduler: Any = None
     router: Router | None = None
+    engine_steps: pd.DataFrame | None = None  # the step record, where it was kept
 
 
 class _Bar(Progress):
@@ -88,13 +98,20 @@ def run_replay(
     record_calls: bool = False,
     progress: bool = True,
     cluster: bool | None = None,
+    record_steps: bool = False,
+    costs: tuple[GpuCostModel, CpuCosts] | None = None,
+    stages: RecordedStages | None = None,
 ) -> ReplayResult:
     """Simulate ``trace`` under ``config``; deterministic for the same inputs.
 
     ``config.replicas`` > 1 runs the cluster (``sim.model.cluster``); ``cluster=True`` runs
-    it for one replica too (the tests compare it with the single pipeline)."""
+    it for one replica too (the tests compare it with the single pipeline).
+    ``record_steps`` keeps the step record (``engine_steps``, ``sim.model.step_record``);
+    ``costs`` replaces the config's cost models (a validation's recorded steps,
+    ``sim.costs.recorded``), ``stages`` the modelled stages around the scheduler of the
+    single pipeline (``sim.model.recorded_stages``)."""
     wall0 = time.perf_counter()
-    gpu, cpu = build_costs(config)
+    gpu, cpu = build_costs(config) if costs is None else costs
     sched_config = config.scheduler_config()
     as_cluster = config.replicas > 1 if cluster is None else cluster
     schedulers: list[Any] = [Scheduler(sched_config) for _ in range(config.replicas)]
@@ -106,9 +123,15 @@ def run_replay(
         else None
     )
     loop = LoopSettings(
-        config.overlap, config.fast_forward, config.max_run_steps, copies=build_copy_costs(config)
+        config.overlap,
+        config.fast_forward,
+        config.max_run_steps,
+        copies=build_copy_costs(config),
+        record_steps=record_steps,
     )
     sim: Pipeline | Cluster
+    if stages is not None and as_cluster:
+        raise ValueError("recorded stages replace the stages of the single pipeline only")
     if as_cluster:
         router = Router(config.router)
         sim = Cluster(
@@ -134,6 +157,7 @@ def run_replay(
             num_tokenizers=config.num_tokenizers,
             loop=loop,
             progress=bar,
+            stages=stages,
         )
         replicas = [sim]
         replica_of = np.zeros(len(trace.requests), dtype=np.int64)
@@ -144,6 +168,7 @@ def run_replay(
             bar.bar.close()
     requests = request_frame(sim.records, replicas, replica_of)
     steps = step_frame(replicas)
+    engine_steps = step_record_frame(replicas) if record_steps else None
     queues = queue_frame(replicas)
     itl = replicas[0].itl() if len(replicas) == 1 else itl_samples(replicas)
     fast_forward = {
@@ -172,7 +197,9 @@ def run_replay(
     summary["router"] = None if router is None else router_summary(router)
     summary["wall_s"] = time.perf_counter() - wall0
     scheduler = schedulers[0] if len(schedulers) == 1 else schedulers
-    return ReplayResult(json_safe(summary), requests, steps, queues, itl, scheduler, router)
+    return ReplayResult(
+        json_safe(summary), requests, steps, queues, itl, scheduler, router, engine_steps
+    )
 
 
 def queue_frame(replicas: list[Replica]) -> pd.DataFrame:
@@ -246,6 +273,7 @@ def request_frame(
             "detokenize_ms": detokenize_s * 1e3,
             "frontend_ms": (t["parsed"] - t["arrival"]) * 1e3,
             "replica": replica_of,
+            **{k: t[k] for k in SERVER_TOKEN_COLUMNS},
         },
-        columns=[*REQUEST_COLUMNS, "replica"],
+        columns=[*REQUEST_COLUMNS, "replica", *SERVER_TOKEN_COLUMNS],
     )

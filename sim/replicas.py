@@ -43,6 +43,20 @@ def step_frame(replicas: list[Replica]) -> pd.DataFrame:
     return pd.concat(frames, ignore_index=True)
 
 
+def step_record_frame(replicas: list[Replica]) -> pd.DataFrame:
+    """``engine_steps.csv``: each replica's step record (``replica`` column for several)."""
+    frames = []
+    for r in replicas:
+        if r.loop.record is None:
+            raise RuntimeError("the replay kept no step record")
+        frames.append(r.loop.record.frame())
+    if len(frames) == 1:
+        return frames[0]
+    for k, f in enumerate(frames):
+        f["replica"] = np.int64(k)
+    return pd.concat(frames, ignore_index=True)
+
+
 def replica_summaries(
     requests: pd.DataFrame, steps: pd.DataFrame, stats: list[SchedulerStats], duration_s: float
 ) -> list[dict[str, Any]]:

@@ -11,7 +11,7 @@ import pytest
 
 from lab.bench.client import RequestRecord
 from lab.bench.frames import itl_seconds, request_frame, step_frame
-from schema.metrics import REQUEST_COLUMNS
+from schema.metrics import REQUEST_COLUMNS, SERVER_TOKEN_COLUMNS
 from schema.perfetto import write_timeline
 from schema.steplog import STEP_COLUMNS
 from schema.traces import load_trace
@@ -52,7 +52,7 @@ def records() -> list[RequestRecord]:
 
 def test_request_rows_are_client_times_with_server_stages() -> None:
     frame = request_frame(records(), EPOCH0)
-    assert list(frame.columns) == [*REQUEST_COLUMNS, "send_lag_ms"]
+    assert list(frame.columns) == [*REQUEST_COLUMNS, "send_lag_ms", *SERVER_TOKEN_COLUMNS]
     a = frame.iloc[0]
     assert a["ttft_ms"] == pytest.approx(105.0)
     assert a["e2e_ms"] == pytest.approx(306.0)
@@ -61,6 +61,7 @@ def test_request_rows_are_client_times_with_server_stages() -> None:
     assert a["scheduler_wait_ms"] == pytest.approx(10.0)
     assert a["prefill_ms"] == pytest.approx(75.0)
     assert np.isnan(a["tokenizer_queue_ms"]) and np.isnan(frame.iloc[2]["tpot_ms"])
+    assert (a["server_first_token"], a["server_last_token"]) == pytest.approx((0.10, 0.30))
     np.testing.assert_allclose(itl_seconds(records()), [0.1, 0.1, 0.1])
 
 

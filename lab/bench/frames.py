@@ -11,7 +11,9 @@ tokenized (the hop to the scheduler and the wait); ``prefill_ms`` = first
 token at the client - first scheduled. Columns the server does not report
 (``tokenize_start``, ``sched_arrival``, the queue and IPC splits,
 ``detokenize_ms``, ``num_preemptions``) are empty. ``send_lag_ms`` (last
-column) is how late the request left against the trace's arrival.
+column but two) is how late the request left against the trace's arrival;
+``server_first_token`` and ``server_last_token`` (``schema.metrics.SERVER_TOKEN_COLUMNS``)
+are the server's times of the first and the last token (``token_times``).
 
 ``steps.csv`` is rebuilt from the server's token times: one scheduler step
 stamps all its tokens with one time, so equal times across requests are one
@@ -31,7 +33,7 @@ import numpy as np
 import pandas as pd
 
 from lab.bench.client import RequestRecord
-from schema.metrics import REQUEST_COLUMNS
+from schema.metrics import REQUEST_COLUMNS, SERVER_TOKEN_COLUMNS
 from schema.steplog import STEP_COLUMNS
 
 NAN = float("nan")
@@ -54,6 +56,9 @@ def _request_row(r: RequestRecord, epoch0: float) -> dict[str, Any]:
     e2e = (finished - r.sent) * 1e3
     tpot = (e2e - ttft) / (out_tokens - 1) if done and out_tokens > 1 else NAN
     cached = (r.usage.get("prompt_tokens_details") or {}).get("cached_tokens", 0)
+    stamps = r.meta.get("token_times") or []
+    server_first = float(stamps[0]) - epoch0 if stamps else NAN
+    server_last = float(stamps[-1]) - epoch0 if stamps else NAN
     return {
         "rid": r.rid,
         "status": r.status,
@@ -81,12 +86,14 @@ def _request_row(r: RequestRecord, epoch0: float) -> dict[str, Any]:
         "detokenize_ms": NAN,
         "frontend_ms": (received - r.sent) * 1e3,
         "send_lag_ms": (r.sent - r.scheduled) * 1e3,
+        "server_first_token": server_first,
+        "server_last_token": server_last,
     }
 
 
 def request_frame(records: list[RequestRecord], epoch0: float) -> pd.DataFrame:
     rows = [_request_row(r, epoch0) for r in records]
-    return pd.DataFrame(rows, columns=[*REQUEST_COLUMNS, "send_lag_ms"])
+    return pd.DataFrame(rows, columns=[*REQUEST_COLUMNS, "send_lag_ms", *SERVER_TOKEN_COLUMNS])
 
 
 def itl_seconds(records: list[RequestRecord]) -> np.ndarray:

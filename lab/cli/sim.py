@@ -65,6 +65,12 @@ def _replay_args(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> No
         help="the per-step table: steps.csv (default), the compact steps.parquet, or none",
     )
     p.add_argument("--timeline", action="store_true", help="also write timeline.json (Perfetto)")
+    p.add_argument(
+        "--record-steps",
+        action="store_true",
+        help="also write engine_steps.csv, the step record the engine writes, for the "
+        "simulated steps (schema/steprecord.py)",
+    )
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     add_scheduler_flags(p)
     add_router_flags(p)
@@ -149,14 +155,17 @@ def format_summary(summary: dict[str, Any]) -> str:
 
 
 def cmd_replay(args: argparse.Namespace) -> int:
-    from lab.outputs import write_outputs
+    from lab.outputs import write_outputs, write_step_record
     from schema.perfetto import TIMELINE_NAME, write_timeline
     from sim.replay import run_replay
 
     config = replay_config(args)
     trace = load_trace(args.trace, rate_scale=args.rate_scale, limit=args.limit)
-    result = run_replay(trace, config, progress=not args.no_progress)
+    result = run_replay(
+        trace, config, progress=not args.no_progress, record_steps=args.record_steps
+    )
     summary = write_outputs(result, args.out, report=not args.no_report, steps=args.steps)
+    write_step_record(result.engine_steps, args.out)
     if args.timeline:
         write_timeline(args.out / TIMELINE_NAME, result.requests, result.steps, "sim replay")
     print(format_summary(summary))

@@ -16,7 +16,12 @@
    (``sim/``); the CPU stage costs come from the profile too.
 5. Write ``comparison.json`` (``lab.validate.compare``, TTFT split by stage included)
    and ``report.html`` (real and simulated CDFs and timelines overlaid); every
-   run also writes its own outputs and ``timeline.json``.
+   run also writes its own outputs and ``timeline.json``; the simulation also
+   its step record (``sim/engine_steps.csv``).
+6. Where the real runs hold the engine's step record (``real-N/engine_steps.csv``),
+   attribute each metric's error to the step-time model, the CPU stages and
+   scheduling divergence (``lab.validate.attribution``): ``attribution.json``, a
+   table in the report and in the printed summary.
 
 With ``--real-from DIR`` instead of ``--url``, steps 1-3 are the runs an
 earlier validation recorded in ``DIR`` (``lab.validate.revalidate``): a new profile
@@ -39,7 +44,8 @@ from typing import TYPE_CHECKING, Any
 from core.router import RouterConfig
 from core.router.options import router_keys
 from core.scheduler.options import add_scheduler_flags
-from lab.outputs import write_outputs
+from lab.outputs import write_outputs, write_step_record
+from lab.validate.attribution import ATTRIBUTION_NAME, attribute, format_attribution
 from lab.validate.capacity import add_capacity_flags, format_capacity, run_capacity
 from lab.validate.compare import compare, format_comparison, ttft_parts
 from lab.validate.regime import regimes
@@ -123,19 +129,27 @@ def sim_config(args: argparse.Namespace, info: ServerInfo, num_pages: int) -> Si
 def run_real(args: argparse.Namespace, trace: Trace, info: ServerInfo) -> list[RunResult]:
     """The repeats of ``engine bench``, each written to its directory."""
     from lab.bench.client import Target
-    from lab.bench.main import format_result, write_bench
+    from lab.bench.main import format_result, server_steps_path, write_bench
     from lab.bench.prompts import PromptMaker, fresh_salt
     from lab.bench.run import run_bench, tokenizer_for
 
     tokenizer, folder = tokenizer_for(args.tokenizer, info)
     target = Target(info.url, info.model, info.ours)
+    steps = None
+    if info.record_steps:  # the server keeps a step record: each run's steps come with it
+        try:
+            steps = server_steps_path("", info)
+        except ValueError as exc:  # e.g. a server on another machine
+            print(f"no step record for the attribution: {exc}")
     results = []
     for i in range(1, args.repeats + 1):
         salt = fresh_salt()  # each run's prompts are new to the server's prefix cache
         maker = PromptMaker(tokenizer, salt)
         before = os.getloadavg()[0]
         config = {"server": info.owned_by, "tokenizer": folder, "prompt_salt": salt}
-        result = run_bench(trace, target, maker, progress=not args.no_progress, config=config)
+        result = run_bench(
+            trace, target, maker, progress=not args.no_progress, config=config, server_steps=steps
+        )
         after = os.getloadavg()[0]
         result.summary["bench"]["loadavg_1min"] = {"before": before, "after": after}
         write_bench(result, args.out / f"real-{i}", report=not args.no_report, timeline=True)
@@ -146,9 +160,10 @@ def run_real(args: argparse.Namespace, trace: Trace, info: ServerInfo) -> list[R
 
 
 def run_sim(args: argparse.Namespace, trace: Trace, config: SimConfig) -> RunResult:
-    result = run_replay(trace, config, progress=not args.no_progress)
+    result = run_replay(trace, config, progress=not args.no_progress, record_steps=True)
     out = args.out / "sim"
     write_outputs(result, out, report=not args.no_report)
+    write_step_record(result.engine_steps, out)
     write_timeline(out / TIMELINE_NAME, result.requests, result.steps, "sim replay")
     return result
 
@@ -176,6 +191,7 @@ def cmd_validate(args: argparse.Namespace) -> int:
     real: list[RunResult] | None = None
     if args.real_from is not None:
         record, recorded = recorded_runs(args.real_from)
+        folder = args.real_from
         trace = recorded_trace(args, record, recorded[0][1])
         config = recorded_config(args, record)
         summaries, frames = [s for s, _ in recorded], [r for _, r in recorded]
@@ -184,7 +200,10 @@ def cmd_validate(args: argparse.Namespace) -> int:
     else:
         trace, config, record, real = validate_live(args)
         summaries, frames = [r.summary for r in real], [r.requests for r in real]
+        folder = args.out
     sim = run_sim(args, trace, config)
+    runs = [folder / f"real-{i + 1}" for i in range(len(frames))]
+    attribution = attribute(trace, config, sim.summary, runs, frames, summaries)
     comparison = compare(summaries, sim.summary)
     comparison["ttft_parts"] = ttft_parts(frames, sim.requests)
     comparison["regime"] = regimes(frames, sim.requests)
@@ -193,14 +212,34 @@ def cmd_validate(args: argparse.Namespace) -> int:
         "sim_config": config.to_dict(),
         "command": command_line(args),
     }
+    write_validation(args, comparison, attribution, real, sim)
+    return 0
+
+
+def write_validation(
+    args: argparse.Namespace,
+    comparison: dict[str, Any],
+    attribution: dict[str, Any],
+    real: list[RunResult] | None,
+    sim: RunResult,
+) -> None:
+    """``comparison.json``, ``attribution.json`` (where there is one), the report of a live
+    validation, and the printed tables."""
+    comparison["attribution"] = {
+        "file": ATTRIBUTION_NAME if "runs" in attribution else None,
+        "note": attribution.get("note"),
+    }
     (args.out / "comparison.json").write_text(json.dumps(json_safe(comparison), indent=2) + "\n")
+    if "runs" in attribution:
+        text = json.dumps(json_safe(attribution), indent=2) + "\n"
+        (args.out / ATTRIBUTION_NAME).write_text(text)
     if real is not None and not args.no_report:
         from lab.validate.report import write_validation_report
 
-        write_validation_report(args.out, comparison, real, sim)
+        write_validation_report(args.out, comparison, real, sim, attribution)
     print(format_comparison(comparison))
+    print("\n" + format_attribution(attribution))
     print(f"\noutputs in {args.out}/")
-    return 0
 
 
 def live_inputs(args: argparse.Namespace) -> tuple[ServerInfo, Trace, SimConfig, dict[str, Any]]:

@@ -1,9 +1,10 @@
 """``report.html`` of ``sim validate``: the real runs and the simulation overlaid.
 
 Sections: the comparison table (real, sim, relative error, real-vs-real
-noise), the latency CDFs of every run on shared axes, and timelines on one
-time axis (TTFT of each request by arrival, batch size per step, requests
-running). Self-contained like the replay report (plotly.js inlined once).
+noise), where the error comes from (``lab.validate.attribution``), the
+latency CDFs of every run on shared axes, and timelines on one time axis
+(TTFT of each request by arrival, batch size per step, requests running).
+Self-contained like the replay report (plotly.js inlined once).
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from plotly.subplots import make_subplots
 from lab.report.binning import MAX_POINTS, TimeBins, bin_max, bin_mean
 from lab.report.fig_latency import latency_series
 from lab.report.page import Section, figure_div, page_html
+from lab.validate.attribution_report import attribution_section
 from lab.validate.compare import LATENCIES, STATS, THROUGHPUTS, lookup
 from lab.validate.regime import describe
 from schema.frames import numeric
@@ -102,7 +104,11 @@ def comparison_table(comparison: dict[str, Any]) -> str:
 
 
 def write_validation_report(
-    out_dir: Path, comparison: dict[str, Any], real: list[RunResult], sim: RunResult
+    out_dir: Path,
+    comparison: dict[str, Any],
+    real: list[RunResult],
+    sim: RunResult,
+    attribution: dict[str, Any],
 ) -> None:
     runs = _runs(real, sim)
     t = comparison["targets"]
@@ -126,6 +132,7 @@ def write_validation_report(
             "largest relative difference between two real runs. Red rows miss the target.",
             comparison_table(comparison),
         ),
+        attribution_section(attribution),
         Section(
             "Latency distributions",
             "Cumulative distributions over completed requests; real runs dotted, the "

@@ -40,6 +40,12 @@ class GpuCostModel(ABC):
     def device_time(self, shape: StepShape) -> float:
         return self.step_time(shape)
 
+    def times(self, shape: StepShape) -> tuple[float, float]:
+        """``(step_time, device_time)`` of one step: what a loop that needs both asks, once
+        per step (a model that consumes what it prices, ``sim.costs.recorded``, prices the
+        step once)."""
+        return self.step_time(shape), self.device_time(shape)
+
     def decode_device_times(
         self, batch: int, context_tokens: int, longest: int, k: int
     ) -> np.ndarray:

@@ -77,6 +77,11 @@ class TokenDelivery:
         self._members.extend(members)
         self.num_steps += len(ends)
 
+    def step_ends(self) -> np.ndarray:
+        """Per recorded step: when it ended, the server's time of its tokens (a view that
+        outlives ``deliver()``)."""
+        return np.frombuffer(self._ends, dtype=np.float64)
+
     def deliver(self) -> Delivered:
         """Time all recorded steps (see the module docstring); the records are let go."""
         lengths = np.frombuffer(self._lengths, dtype=np.int64)

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Generator, Iterable
+from dataclasses import replace
 from typing import Any
 
 import numpy as np
@@ -33,6 +34,7 @@ import simpy
 from schema.traces.record import TraceRequest
 from sim.costs.base import CpuCosts, GpuCostModel
 from sim.model.frontend import front_times
+from sim.model.recorded_stages import RecordedStages
 from sim.model.replica import Progress, Replica, RequestRecords
 from sim.model.scheduler_loop import LoopSettings
 
@@ -75,12 +77,17 @@ class Pipeline(Replica):
         num_tokenizers: int = 1,
         loop: LoopSettings = LoopSettings(),
         progress: Progress | None = None,
+        stages: RecordedStages | None = None,
     ) -> None:
         records = RequestRecords(requests)
         self.front = front_times(requests, cpu, num_tokenizers)
+        if stages is not None:  # a run's own intake and ways out (sim.model.recorded_stages)
+            reached = stages.intake(self.front.sched_arrival, cpu.ipc)
+            self.front = replace(self.front, sched_arrival=reached)
         for f in FRONT_FIELDS:
             records.times[f] = getattr(self.front, f)
         super().__init__(simpy.Environment(), records, scheduler, gpu, cpu, loop, progress)
+        self.recorded_out = stages
         n = len(requests)
         self._not_arrived = n
         at = self.front.sched_arrival

@@ -33,18 +33,19 @@ from core.scheduler import (
     TokenOut,
 )
 from core.scheduler.shape import StepShape
-from schema.metrics import TIME_COLUMNS
+from schema.metrics import SERVER_TOKEN_COLUMNS, TIME_COLUMNS
 from schema.samples import WeightedSamples
 from schema.steplog import StepLog
 from schema.traces.record import TraceRequest
 from sim.costs.base import CpuCosts, GpuCostModel
 from sim.model.delivery import Delivered, TokenDelivery
+from sim.model.recorded_stages import RecordedStages
 from sim.model.scheduler_loop import LoopSettings, SimSchedulerLoop
 
 NAN = math.nan
-TIME_FIELDS = (*TIME_COLUMNS, "parsed", "tokenizer_enter")
-"""Every stage time a request records: ``requests.csv``'s and the two that only its
-``*_ms`` columns show."""
+TIME_FIELDS = (*TIME_COLUMNS, "parsed", "tokenizer_enter", *SERVER_TOKEN_COLUMNS)
+"""Every stage time a request records: ``requests.csv``'s, the two that only its ``*_ms``
+columns show, and the server's times of its first and last token."""
 
 
 class Progress:
@@ -103,6 +104,7 @@ class Replica:
         self.steps = StepLog(scheduler.config.pages)
         self.delivery = TokenDelivery(len(records.trace), cpu.ipc, cpu.detokenize, cpu.stream)
         self.delivered: Delivered | None = None
+        self.recorded_out: RecordedStages | None = None  # recorded ways out (the subclass's)
         self.queue_samples: list[tuple[float, str, int]] = []
         self._sched_waiting = -1
         self._inbox: list[int] = []
@@ -249,18 +251,27 @@ class Replica:
 
     # ------------------------------------------------------------------ results
     def deliver(self) -> None:
-        """Time the recorded token deliveries; fill the client-side times of its requests."""
+        """Time the recorded token deliveries; fill the client-side times of its requests and
+        the server's times of their first and last token. With ``recorded_out``, a request's
+        client times are its server times plus its recorded ways out, where recorded."""
+        server = self.delivery.step_ends()
         delivered = self.delivered = self.delivery.deliver()
         client = delivered.client
-        first_token, finished = self.times["first_token"], self.times["finished"]
+        t = self.times
+        first_token, finished = t["first_token"], t["finished"]
+        server_first, server_last = t["server_first_token"], t["server_last_token"]
         first_step, finish_step = self.first_step, self.finish_step
         for i in self.members():
             g = first_step[i]
             if g >= 0:
                 first_token[i] = float(client[g])
+                server_first[i] = float(server[g])
             g = finish_step[i]
             if g >= 0:
                 finished[i] = float(client[g])
+                server_last[i] = float(server[g])
+        if self.recorded_out is not None:
+            self.recorded_out.deliver(t, self.members())
 
     def itl(self) -> WeightedSamples:
         """Pooled gaps between consecutive streamed chunks of each request (after the run)."""

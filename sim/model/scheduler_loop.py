@@ -40,6 +40,7 @@ reached the scheduler) ends the wait after the step running then.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Generator
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -51,6 +52,7 @@ from core.scheduler import DecodeRun, Plan, SchedulerStats
 from core.scheduler.shape import StepShape
 from sim.costs.base import CpuCosts, GpuCostModel
 from sim.costs.copies import CopyCosts
+from sim.model.step_record import StepRecordLog
 
 Process = Generator[simpy.Event, Any, None]
 Stepping = Generator[simpy.Event, Any, "Launched | None"]  # returns the plan left in flight
@@ -91,6 +93,7 @@ class LoopSettings:
     fast_forward: bool = True
     max_run_steps: int = 4096
     copies: CopyCosts | None = None  # prices of the host tier's copies; None: no tier
+    record_steps: bool = False  # keep the step record (``sim.model.step_record``)
 
     def copy_time(self, plan: Plan, page_size: int) -> float:
         """The time of ``plan``'s copies: its writes, then its loads."""
@@ -122,6 +125,8 @@ class SimSchedulerLoop:
         self.steps_in_runs = 0
         self.interruptible = False
         self._in_run = False  # waiting out a decode run that cut_run may cut
+        self.record = StepRecordLog() if settings.record_steps else None
+        self._counts = (0, 0)  # waiting and running before the last schedule (when recorded)
 
     def run(self) -> Process:
         p, env, s = self.p, self.env, self.sched
@@ -138,6 +143,8 @@ class SimSchedulerLoop:
                 if k >= 2:
                     prev = yield from self._decode_run(k, prev)
                     continue
+            if self.record is not None:
+                self._counts = (s.num_waiting, s.num_running)
             plan = s.schedule(env.now)
             p.sample_scheduler_queue(env.now)
             p.note_scheduled(plan)
@@ -170,7 +177,14 @@ class SimSchedulerLoop:
             return
         start = env.now
         shape = StepShape.of_plan(plan)
-        duration = copies + self.gpu.step_time(shape) + self.cpu.schedule_time(plan.batch_size)
+        schedule = self.cpu.schedule_time(plan.batch_size)
+        duration = copies + self.gpu.step_time(shape) + schedule
+        if self.record is not None:  # no device time: the strict loop prices none
+            launched = start + schedule
+            times = (start, launched, launched, start + duration)
+            self.record.add(
+                plan.step, times, math.nan, False, self._counts, len(plan.prefill), shape
+            )
         stats = s.stats()
         yield env.timeout(duration)
         events = s.complete(plan, None)
@@ -182,19 +196,26 @@ class SimSchedulerLoop:
         when its GPU work ends (both happen at the same time: the GPU start)."""
         p, env, s = self.p, self.env, self.sched
         stats = s.stats()
-        cpu = self.cpu.schedule_time(plan.batch_size)
+        schedule = cpu = self.cpu.schedule_time(plan.batch_size)
         shape = StepShape.of_plan(plan) if plan.has_model_work else None
         gpu = 0.0
         if shape is not None:
-            gpu = self.gpu.device_time(shape)
-            cpu += max(self.gpu.step_time(shape) - gpu, 0.0)
-        launch = env.now + cpu
+            wall, gpu = self.gpu.times(shape)
+            cpu += max(wall - gpu, 0.0)
+        now = env.now
+        launch = now + cpu
         copied = launch + self.settings.copy_time(plan, s.page_size)  # on the side stream
         start = copied if prev is None else max(copied, prev.end)
         launched = None
         if shape is not None:
             p.record_step(plan, shape, start, gpu, stats)
             launched = Launched(plan, start + gpu)
+            if self.record is not None:
+                times = (now, now + schedule, launch, start + gpu)
+                in_flight = prev is not None and launch < prev.end
+                self.record.add(
+                    plan.step, times, gpu, in_flight, self._counts, len(plan.prefill), shape
+                )
         if start > env.now:
             yield env.timeout(start - env.now)
         if prev is not None:
@@ -217,12 +238,14 @@ class SimSchedulerLoop:
         longest = max(planned)
         wall = self.gpu.decode_times(batch, context + batch, longest + 1, k)
         schedule = self.cpu.schedule_time(batch)
+        device: np.ndarray | None  # the steps' device times, where the loop priced them
         if prev is None:  # strict: step j runs [start, start + cpu + gpu]; tokens at its end
             gpu, durations = wall, wall + schedule
             clock = np.cumsum(np.concatenate(([now], durations)))
             starts = begins = clock[:-1]
             ends = clock[1:]
             token_times = starts + durations
+            launched, done, device = starts + schedule, ends, None
         else:  # overlap: GPU starts s_j = max(s_{j-1} + cpu_j, s_{j-1} + gpu_{j-1})
             gpu = durations = self.gpu.decode_device_times(batch, context + batch, longest + 1, k)
             cpu = schedule + np.maximum(wall - gpu, 0.0)
@@ -230,6 +253,7 @@ class SimSchedulerLoop:
             starts = np.cumsum(np.concatenate(([max(now + cpu[0], prev.end)], gaps)))
             begins = np.concatenate(([now], starts[:-1]))  # iteration j begins as j-1 ends
             ends = token_times = starts  # iteration j completes the plan before step j
+            launched, done, device = begins + cpu, starts + gpu, gpu
         # a request reaching the scheduler before the run's end cuts it after the step
         # running then (the clock's end of the whole run: now + (ends[-1] - now))
         j = k
@@ -248,9 +272,34 @@ class SimSchedulerLoop:
         if not waited and now < ends[j - 1]:
             yield env.timeout(float(ends[j - 1]) - now)
         self._record_run(run, starts[:j], durations[:j], token_times[:j], stats)
+        if self.record is not None:
+            times = (begins[:j], begins[:j] + schedule, launched[:j], done[:j])
+            first = (batch, context + batch, longest + 1)
+            device = np.full(j, np.nan) if device is None else device[:j]
+            self._record_run_steps(self.record, run, times, device, prev, first, stats)
         if run.in_flight is None:
             return None
         return Launched(run.in_flight, float(starts[j - 1] + gpu[j - 1]))
+
+    @staticmethod
+    def _record_run_steps(
+        record: StepRecordLog,
+        run: DecodeRun,
+        times: tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray],
+        device: np.ndarray,
+        prev: Launched | None,
+        first: tuple[int, int, int],
+        stats: SchedulerStats,
+    ) -> None:
+        """The step record of a run's steps; with overlap, a step is launched in flight when
+        the previous step's GPU work (``prev``'s for the first) had not ended."""
+        if prev is None:
+            in_flight = np.zeros(len(device), dtype=bool)
+        else:
+            launched, done = times[2], times[3]
+            in_flight = launched < np.concatenate(([prev.end], done[:-1]))
+        counts = (stats.num_waiting, stats.num_running)
+        record.add_run(run.first_step, times, device, in_flight, counts, first)
 
     def _wait_run(self, begins: np.ndarray, ends: np.ndarray, j: int) -> Generator[Any, Any, int]:
         """Wait for the end of the run's ``j``-th iteration; cut (``cut_run``) at t, wait for

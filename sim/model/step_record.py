@@ -1,0 +1,106 @@
+"""The simulator's step record: ``engine_steps.csv`` (``schema.steprecord``) for simulated steps.
+
+The scheduler loop adds one row per step that ran a plan with model work, with
+the simulated clock's times (seconds from the run's start):
+
+- strict loop: ``schedule_start`` = the step's start, ``schedule_end`` =
+  ``launched`` = start + the scheduler's CPU time, ``done`` = the step's end
+  (its tokens leave then); ``in_flight`` is 0 and ``device_ms`` empty (the
+  strict loop prices a step's wall time only, as the engine records no device
+  time where it cannot time the device);
+- overlapped loop: ``schedule_start`` = the iteration's start, ``schedule_end``
+  = it + the scheduler's CPU time, ``launched`` = when the CPU launched the
+  plan (scheduler time plus the step's host work), ``done`` = the end of its
+  GPU work; ``in_flight`` = 1 when the previous step's GPU work had not ended
+  at ``launched``; ``device_ms`` the cost model's device time of the step.
+
+``num_waiting`` and ``num_running`` are the core's counts just before ``schedule``. A fast-forwarded
+decode run is expanded with numpy as it is added (its shapes grow by one token
+a request per step), so the record costs a few array appends per step; it is
+kept only when asked for (``LoopSettings.record_steps``).
+"""
+
+from __future__ import annotations
+
+from array import array
+
+import numpy as np
+import pandas as pd
+
+from core.scheduler.shape import StepShape
+from schema.steprecord import SHAPE_COLUMNS, STEP_RECORD_COLUMNS
+
+TIME_COLUMNS = ("schedule_start", "schedule_end", "launched", "done", "device_ms")
+INT_COLUMNS = tuple(c for c in STEP_RECORD_COLUMNS if c not in TIME_COLUMNS)
+
+
+class StepRecordLog:
+    """Rows of ``engine_steps.csv`` in step order, column by column."""
+
+    def __init__(self) -> None:
+        self._floats = {c: array("d") for c in TIME_COLUMNS}
+        self._ints = {c: array("q") for c in INT_COLUMNS}
+
+    def add(
+        self,
+        step: int,
+        times: tuple[float, float, float, float],
+        device_s: float,
+        in_flight: bool,
+        waiting_running: tuple[int, int],
+        prefill_requests: int,
+        shape: StepShape,
+    ) -> None:
+        """One step: ``times`` = (schedule_start, schedule_end, launched, done)."""
+        f, i = self._floats, self._ints
+        for name, t in zip(TIME_COLUMNS, times, strict=False):
+            f[name].append(t)
+        f["device_ms"].append(device_s * 1e3)
+        i["step"].append(step)
+        i["in_flight"].append(int(in_flight))
+        i["num_waiting"].append(waiting_running[0])
+        i["num_running"].append(waiting_running[1])
+        i["prefill_requests"].append(prefill_requests)
+        for name in SHAPE_COLUMNS:
+            i[name].append(getattr(shape, name))
+
+    def add_run(
+        self,
+        first_step: int,
+        times: tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray],
+        device_s: np.ndarray,
+        in_flight: np.ndarray,
+        waiting_running: tuple[int, int],
+        decode: tuple[int, int, int],
+    ) -> None:
+        """A run of pure-decode steps; ``decode`` = (batch, context, longest) of its first
+        step, both growing each step (``StepShape.decode``)."""
+        k = len(device_s)
+        f, i = self._floats, self._ints
+        for name, t in zip(TIME_COLUMNS, times, strict=False):
+            f[name].frombytes(np.asarray(t, dtype=np.float64).tobytes())
+        f["device_ms"].frombytes((np.asarray(device_s, dtype=np.float64) * 1e3).tobytes())
+        batch, context, longest = decode
+        growth = np.arange(k, dtype=np.int64)
+        columns = {
+            "step": first_step + growth,
+            "in_flight": np.asarray(in_flight, dtype=np.int64),
+            "num_waiting": np.full(k, waiting_running[0], dtype=np.int64),
+            "num_running": np.full(k, waiting_running[1], dtype=np.int64),
+            "prefill_requests": np.zeros(k, dtype=np.int64),
+            "prefill_tokens": np.zeros(k, dtype=np.int64),
+            "decode_requests": np.full(k, batch, dtype=np.int64),
+            "context_tokens": context + batch * growth,
+            "decode_context": context + batch * growth,
+            "decode_padded": batch * (longest + growth),
+            "prefill_attention": np.zeros(k, dtype=np.int64),
+            "sampled": np.full(k, batch, dtype=np.int64),
+        }
+        for name, values in columns.items():
+            i[name].frombytes(values.tobytes())
+
+    def frame(self) -> pd.DataFrame:
+        """All rows, columns in ``STEP_RECORD_COLUMNS`` order."""
+        data = {c: np.frombuffer(a, dtype=np.float64) for c, a in self._floats.items()}
+        data |= {c: np.frombuffer(a, dtype=np.int64) for c, a in self._ints.items()}
+        return pd.DataFrame(data, columns=list(STEP_RECORD_COLUMNS))
