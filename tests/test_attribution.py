@@ -21,7 +21,7 @@ from schema.traces import load_trace
 from sim.config import SimConfig, build_config
 from sim.costs.base import GpuCostModel
 from sim.costs.committed import profile_dtype
-from sim.costs.recorded import RecordedCostModel
+from sim.costs.recorded import RecordedCostModel, recorded_times
 from sim.replay import build_costs, run_replay
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -262,3 +262,18 @@ def test_a_live_validation_attributes_the_recorded_runs(model_ready: str, tmp_pa
             continue
         parts = sum(e["parts"][p]["abs"] for p in PARTS)
         assert parts == pytest.approx(e["total"]["abs"], rel=1e-9, abs=1e-9), key
+
+
+def test_an_eager_launch_that_the_device_overlapped_is_not_host_time_twice() -> None:
+    """A graph replay is launched before its device work; an eager forward mostly after it:
+    the overlapped loop's host time ends where the device could start."""
+    record = record_of([(PREFILL, 0.0, 0.0, None), (MIXED, 0.0, 0.0, None)])
+    record["schedule_end"] = [0.0, 0.0]
+    record["launched"] = [0.002, 0.018]  # the second: 18 ms of eager launch
+    record["done"] = [0.010, 0.021]
+    record["device_ms"] = [5.0, 12.0]  # the second started on the device at 9 ms
+    step, device = recorded_times(record, overlap=True)
+    assert device == pytest.approx([0.005, 0.012])
+    assert step - device == pytest.approx([0.002, 0.009])  # host: to launch, to device start
+    strict, _ = recorded_times(record, overlap=False)
+    assert strict == pytest.approx([0.010, 0.021])  # the strict loop's step is the wall

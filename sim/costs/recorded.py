@@ -15,10 +15,15 @@ the same trace:
   or ``done - launched`` where the record has no device time; the strict
   loop's ``step_time`` = ``done - schedule_end`` (the loop adds the
   scheduler's modelled CPU time in front, as for any model); the overlapped
-  loop's ``step_time`` = ``(launched - schedule_end) + device``, so that the
-  loop's host work (``step_time - device_time``) is the recorded time from the
-  end of ``schedule`` to the launch, and its GPU period the recorded device
-  time.
+  loop's ``step_time`` = ``host + device``, so that the loop's host work
+  (``step_time - device_time``) is ``host`` and its GPU period the recorded
+  device time. ``host`` is the time from the end of ``schedule`` until the
+  device could start the step: until ``launched``, or until ``done - device``
+  when that is earlier. An eager forward (a step with prefill) is launched
+  kernel by kernel while the device already runs the first ones: its
+  ``launched`` comes after most of its device work (on the H200, 18 ms of
+  launch against 3 ms from ``launched`` to ``done``), so ``launched -
+  schedule_end`` would count the device's time twice.
 - **No match.** Any other step gets the wrapped model's times scaled by what
   the record says of the model on similar steps: the median over recorded
   steps of the same kind (``step_kind``: pure decode, mixed, prefill only) and
@@ -95,7 +100,8 @@ def recorded_times(record: pd.DataFrame, overlap: bool) -> tuple[np.ndarray, np.
     schedule_end = record["schedule_end"].to_numpy(np.float64)
     device = record["device_ms"].to_numpy(np.float64) / 1e3
     device = np.where(np.isfinite(device), device, done - launched)
-    step = (launched - schedule_end) + device if overlap else done - schedule_end
+    host = np.maximum(np.minimum(launched, done - device) - schedule_end, 0.0)
+    step = host + device if overlap else done - schedule_end
     return step, device
 
 
