@@ -70,15 +70,21 @@ async def stream_completion(
 
 
 def scrape(url: str) -> dict[str, float]:
-    """The samples of ``/metrics`` by name; labels other than ``model_name`` stay in the key."""
+    """The samples of ``/metrics`` by name, summed over replicas; labels other than
+    ``model_name`` and ``replica`` stay in the key."""
     out: dict[str, float] = {}
     for line in httpx.get(f"{url}/metrics", timeout=10).text.splitlines():
         if line.startswith("#") or not line.strip():
             continue
         key, value = line.rsplit(" ", 1)
         name, _, labels = key.partition("{")
-        kept = [p for p in labels.rstrip("}").split(",") if p and not p.startswith("model_name=")]
-        out[name + ("{" + ",".join(kept) + "}" if kept else "")] = float(value)
+        kept = [
+            p
+            for p in labels.rstrip("}").split(",")
+            if p and not p.startswith(("model_name=", "replica="))
+        ]
+        key = name + ("{" + ",".join(kept) + "}" if kept else "")
+        out[key] = out.get(key, 0.0) + float(value)
     return out
 
 
