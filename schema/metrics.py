@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from schema.samples import WeightedSamples
+from schema.samples import Samples, WeightedSamples
 
 TIME_COLUMNS = (
     "arrival",
@@ -51,7 +51,7 @@ REQUEST_COLUMNS = (
 )
 
 
-def _stats(samples: WeightedSamples) -> dict[str, float | None]:
+def _stats(samples: Samples) -> dict[str, float | None]:
     s = samples.finite()
     if s.size == 0:
         return {"mean": None, "p50": None, "p90": None, "p99": None}
@@ -61,7 +61,7 @@ def _stats(samples: WeightedSamples) -> dict[str, float | None]:
 
 def summarize(
     requests: pd.DataFrame,
-    itl_s: WeightedSamples,
+    itl_s: Samples,
     *,
     num_steps: int,
     prefix_hit_rate: float,

@@ -52,18 +52,37 @@ class PiecewiseFit:
         coef, *_ = np.linalg.lstsq(design / y[:, None], np.ones(len(y)), rcond=None)
         return PiecewiseFit(knots, tuple(float(c) for c in coef), extras.shape[1])
 
-    def design(self, x: np.ndarray, extras: np.ndarray) -> np.ndarray:
-        """The regression's columns for rows ``x`` (spine) and ``extras``."""
+    def spine(self, x: np.ndarray) -> np.ndarray:
+        """The spine's columns of the design (``[rows, 1 + len(knots) - 1]``) for rows ``x``."""
         x0 = self.knots[0]
         xp = np.maximum(np.asarray(x, dtype=np.float64), x0)
-        columns = [np.ones(len(xp))]
+        interior = np.asarray(self.knots[1:-1], dtype=np.float64)
+        out = np.empty((len(xp), len(self.knots) if len(self.knots) >= 2 else 1))
+        out[:, 0] = 1.0
         if len(self.knots) >= 2:
-            columns.append(xp - x0)
-        columns += [np.maximum(xp - k, 0.0) for k in self.knots[1:-1]]
-        return np.column_stack([*columns, np.asarray(extras, dtype=np.float64)])
+            out[:, 1] = xp - x0
+            np.maximum(xp[:, None] - interior[None, :], 0.0, out=out[:, 2:])
+        return out
+
+    def design(self, x: np.ndarray, extras: np.ndarray) -> np.ndarray:
+        """The regression's columns for rows ``x`` (spine) and ``extras``."""
+        return self.design_of(self.spine(x), np.asarray(extras, dtype=np.float64))
+
+    @staticmethod
+    def design_of(spine: np.ndarray, extras: np.ndarray) -> np.ndarray:
+        """The design from its spine columns (one row of them stands for every row) and
+        ``extras`` (``[rows, features]``), as one C-ordered matrix."""
+        out = np.empty((len(extras), spine.shape[-1] + extras.shape[1]))
+        out[:, : spine.shape[-1]] = spine
+        out[:, spine.shape[-1] :] = extras
+        return out
+
+    @property
+    def coef_array(self) -> np.ndarray:
+        return np.asarray(self.coef)
 
     def predict(self, x: np.ndarray, extras: np.ndarray) -> np.ndarray:
-        pred: np.ndarray = self.design(x, extras) @ np.asarray(self.coef)
+        pred: np.ndarray = self.design(x, extras) @ self.coef_array
         return pred
 
     def predict_one(self, x: float, extras: tuple[float, ...]) -> float:

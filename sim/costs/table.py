@@ -30,7 +30,7 @@ provenance and in ``describe()``.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -78,6 +78,8 @@ class GroupFit:
     group: StepGroup
     fit: PiecewiseFit
     floor: float  # the fastest measured step of the group
+    spines: dict[float, np.ndarray] = field(default_factory=dict, compare=False, repr=False)
+    """The spine's design row of each spine value priced so far (a decode run's batch)."""
 
     @staticmethod
     def of(group: StepGroup, rows: list[ProfileRow], device: bool = False) -> GroupFit:
@@ -94,6 +96,15 @@ class GroupFit:
         x = sum(getattr(shape, f) for f in g.spine)
         t = self.fit.predict_one(x, tuple(getattr(shape, f) for f in g.extras))
         return max(t, self.floor)
+
+    def times(self, x: float, extras: np.ndarray) -> np.ndarray:
+        """``max(fit.predict, floor)`` of rows that share the spine value ``x``."""
+        spine = self.spines.get(x)
+        if spine is None:
+            spine = self.spines[x] = self.fit.spine(np.array([x]))
+        design = PiecewiseFit.design_of(spine, extras)
+        times: np.ndarray = np.maximum(design @ self.fit.coef_array, self.floor)
+        return times
 
     def describe(self) -> dict[str, Any]:
         return {
@@ -191,8 +202,7 @@ class TableCostModel(GpuCostModel):
         growth = batch * np.arange(k, dtype=np.float64)
         for name in GROWING:
             columns[:, d.group.extras.index(name)] += growth
-        times: np.ndarray = np.maximum(d.fit.predict(np.repeat(x, k), columns), d.floor)
-        return times
+        return d.times(float(x[0]), columns)
 
     def describe(self) -> dict[str, object]:
         out = super().describe()

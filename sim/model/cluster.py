@@ -163,7 +163,7 @@ class Cluster:
         if stuck:
             raise RuntimeError(f"replicas {stuck} did not finish their work")
         for r in self.replicas:
-            r.deliver()
+            r.finish()
 
     def _route(self) -> Generator[simpy.Event, Any, None]:
         """Each request, at its arrival, to the replica the router picks then."""

@@ -33,7 +33,7 @@ import simpy
 from schema.traces.record import TraceRequest
 from sim.costs.base import CpuCosts, GpuCostModel
 from sim.model.frontend import front_times
-from sim.model.replica import Progress, Replica, RequestRecords
+from sim.model.replica import Progress, Replica, RequestRecords, Streams
 from sim.model.scheduler_loop import LoopSettings
 
 FRONT_FIELDS = ("arrival", "parsed", "tokenizer_enter", "tokenize_start", "tokenized",
@@ -63,7 +63,7 @@ def _landing_times(times: list[float], start: float) -> list[float]:
 
 class Pipeline(Replica):
     """One replay on one server: build it, ``run()`` it, then read its per-request, step and
-    queue records."""
+    queue records (the tables as ``streams`` took them)."""
 
     def __init__(
         self,
@@ -75,8 +75,9 @@ class Pipeline(Replica):
         num_tokenizers: int = 1,
         loop: LoopSettings = LoopSettings(),
         progress: Progress | None = None,
+        streams: Streams = Streams(),
     ) -> None:
-        records = RequestRecords(requests)
+        records = RequestRecords(requests, streams)
         self.front = front_times(requests, cpu, num_tokenizers)
         for f in FRONT_FIELDS:
             records.times[f] = getattr(self.front, f)
@@ -92,7 +93,7 @@ class Pipeline(Replica):
         self.env.process(self._arrivals())
         loop = self.env.process(self.loop.run())
         self.env.run(until=loop)
-        self.deliver()
+        self.finish()
 
     def _arrivals(self) -> Generator[simpy.Event, Any, None]:
         """Requests reach the scheduler at their ``sched_arrival`` (``sim.model.frontend``), as
