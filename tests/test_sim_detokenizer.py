@@ -3,6 +3,8 @@ and serving in chunks gives the very floats of serving at once."""
 
 from __future__ import annotations
 
+import itertools
+
 import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -54,7 +56,7 @@ def test_fifo_in_chunks_equals_fifo_at_once(gaps: list[float], cuts: list[int]) 
     once, chunked = Fifo(), Fifo()
     whole = serve_fifo(arrive, service, once)
     bounds = [0, *sorted(c % len(arrive) for c in cuts), len(arrive)]
-    parts = [serve_fifo(arrive[a:b], service[a:b], chunked) for a, b in zip(bounds, bounds[1:])]
+    parts = [serve_fifo(arrive[a:b], service[a:b], chunked) for a, b in itertools.pairwise(bounds)]
     np.testing.assert_array_equal(np.concatenate(parts), whole)
     for x, y in zip(once.queue(), chunked.queue(), strict=True):
         np.testing.assert_array_equal(x, y)
