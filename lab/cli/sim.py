@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import gc
 import sys
 from pathlib import Path
 from typing import Any
@@ -170,6 +171,7 @@ def cmd_replay(args: argparse.Namespace) -> int:
 
     config = replay_config(args)
     trace = load_trace(args.trace, rate_scale=args.rate_scale, limit=args.limit)
+    gc.freeze()  # the trace lives to the end: no collection needs to walk its millions of objects
     tables = replay_tables(args, config)
     result = run_replay(trace, config, progress=not args.no_progress, tables=tables)
     written = frozenset({"requests"} if config.replicas > 1 else {"requests", "steps"})

@@ -19,6 +19,7 @@ of a step (e.g. batch 16 and 17) pins it.
 
 from __future__ import annotations
 
+from bisect import bisect_left
 from dataclasses import dataclass
 
 import numpy as np
@@ -65,24 +66,16 @@ class PiecewiseFit:
         return out
 
     def design(self, x: np.ndarray, extras: np.ndarray) -> np.ndarray:
-        """The regression's columns for rows ``x`` (spine) and ``extras``."""
-        return self.design_of(self.spine(x), np.asarray(extras, dtype=np.float64))
-
-    @staticmethod
-    def design_of(spine: np.ndarray, extras: np.ndarray) -> np.ndarray:
-        """The design from its spine columns (one row of them stands for every row) and
-        ``extras`` (``[rows, features]``), as one C-ordered matrix."""
-        out = np.empty((len(extras), spine.shape[-1] + extras.shape[1]))
-        out[:, : spine.shape[-1]] = spine
-        out[:, spine.shape[-1] :] = extras
+        """The regression's columns for rows ``x`` (spine) and ``extras``, one C-ordered matrix."""
+        spine = self.spine(x)
+        extras = np.asarray(extras, dtype=np.float64)
+        out = np.empty((len(spine), spine.shape[1] + extras.shape[1]))
+        out[:, : spine.shape[1]] = spine
+        out[:, spine.shape[1] :] = extras
         return out
 
-    @property
-    def coef_array(self) -> np.ndarray:
-        return np.asarray(self.coef)
-
     def predict(self, x: np.ndarray, extras: np.ndarray) -> np.ndarray:
-        pred: np.ndarray = self.design(x, extras) @ self.coef_array
+        pred: np.ndarray = self.design(x, extras) @ np.asarray(self.coef)
         return pred
 
     def predict_one(self, x: float, extras: tuple[float, ...]) -> float:
@@ -92,9 +85,8 @@ class PiecewiseFit:
         t = coef[0]
         if len(knots) >= 2:
             t += coef[1] * (xp - knots[0])
-            for k, c in zip(knots[1:-1], coef[2 : len(knots)], strict=True):
-                if xp > k:
-                    t += c * (xp - k)
+            for j in range(1, bisect_left(knots, xp, 1, len(knots) - 1)):  # knots below xp
+                t += coef[j + 1] * (xp - knots[j])
         for f, d in zip(extras, coef[len(coef) - self.num_extras :], strict=True):
             t += d * f
         return t
