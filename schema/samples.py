@@ -41,14 +41,6 @@ class WeightedSamples:
         v = np.asarray(values, dtype=np.float64)
         return WeightedSamples(v, np.ones(len(v), dtype=np.int64))
 
-    @staticmethod
-    def join(parts: list[WeightedSamples]) -> WeightedSamples:
-        if not parts:
-            return WeightedSamples.of([])
-        return WeightedSamples(
-            np.concatenate([p.values for p in parts]), np.concatenate([p.counts for p in parts])
-        )
-
     @property
     def size(self) -> int:
         """Number of samples, counting repeats."""

@@ -105,43 +105,39 @@ class SpilledSamples:
         return np.asarray([found[int(r)] for r in unique[back]], dtype=np.float64) * self.scale
 
     def _select(self, ranks: list[int]) -> list[float]:
-        # per rank: the key prefix it lies under, the bits below the prefix, and the samples
-        # (and pairs) of keys under smaller prefixes / under this prefix
-        prefix = [0] * len(ranks)
-        free = [64] * len(ranks)
-        below = [0] * len(ranks)
-        pairs = [self.pairs] * len(ranks)
+        """The values at ``ranks``: each rank's key range (a prefix of the key's bits, and
+        how many bits below it are free) narrows pass by pass, with the samples below it."""
+        where = {i: (0, 64) for i in range(len(ranks))}  # rank -> (prefix, free bits)
+        below = [0] * len(ranks)  # samples with keys under smaller prefixes
+        pairs = {(0, 64): self.pairs}  # pairs under each range in play
         found: dict[int, float] = {}
-        while len(found) < len(ranks):
-            ranges = {(prefix[i], free[i]) for i in range(len(ranks)) if i not in found}
-            split = {r for r in ranges if pairs[_first(prefix, free, r)] > COLLECT_PAIRS}
-            hist = self._pass(ranges, split)
-            for i, rank in enumerate(ranks):
-                if i in found:
+        while where:
+            ranges = set(where.values())
+            split = {r for r in ranges if pairs[r] > COLLECT_PAIRS}
+            counted = self._pass(ranges, split)
+            for i, (prefix, free) in list(where.items()):
+                weights, entries = counted[(prefix, free)]
+                at = int(np.searchsorted(np.cumsum(weights), ranks[i] - below[i], side="right"))
+                if (prefix, free) not in split:  # sorted values and their counts
+                    found[i] = float(entries[at])
+                    del where[i]
                     continue
-                key = (prefix[i], free[i])
-                if key in split:
-                    weights, entries = hist[key]
-                    cum = np.cumsum(weights)
-                    b = int(np.searchsorted(cum, rank - below[i], side="right"))
-                    below[i] += int(cum[b - 1]) if b else 0
-                    free[i] -= _BUCKET_BITS
-                    prefix[i] = (prefix[i] << _BUCKET_BITS) | b
-                    pairs[i] = int(entries[b])
-                    if free[i] == 0:  # one key: one value
-                        found[i] = float(_value_of(prefix[i]))
+                below[i] += int(weights[:at].sum())
+                key = ((prefix << _BUCKET_BITS) | at, free - _BUCKET_BITS)
+                pairs[key] = int(entries[at])
+                if key[1] == 0:  # one key: one value
+                    found[i] = float(_value_of(key[0]))
+                    del where[i]
                 else:
-                    values, counts = hist[key]
-                    found[i] = float(
-                        values[np.searchsorted(np.cumsum(counts), rank - below[i], side="right")]
-                    )
+                    where[i] = key
         return [found[i] for i in range(len(ranks))]
 
     def _pass(
         self, ranges: set[tuple[int, int]], split: set[tuple[int, int]]
     ) -> dict[tuple[int, int], tuple[np.ndarray, np.ndarray]]:
-        """One pass: per range (key prefix, free bits) to split, the samples and pairs under
-        each value of the next 16 bits; per range to collect, its pairs sorted by value."""
+        """One pass: per range (key prefix, free bits) to split, the samples and the pairs
+        under each value of the next 16 bits; per range to collect, the counts and the values
+        of its pairs sorted by value."""
         size = 1 << _BUCKET_BITS
         out: dict[tuple[int, int], tuple[np.ndarray, np.ndarray]] = {
             r: (np.zeros(size), np.zeros(size)) for r in split
@@ -162,12 +158,8 @@ class SpilledSamples:
         for r, parts in collected.items():
             pairs = np.concatenate([np.zeros(0, dtype=PAIR), *parts])
             s = WeightedSamples(pairs["value"], pairs["count"]).sorted()
-            out[r] = (s.values, s.counts)
+            out[r] = (s.counts.astype(np.float64), s.values)
         return out
-
-
-def _first(prefix: list[int], free: list[int], key: tuple[int, int]) -> int:
-    return next(i for i in range(len(prefix)) if (prefix[i], free[i]) == key)
 
 
 def _value_of(key: int) -> np.float64:

@@ -49,4 +49,3 @@ STEP_RECORD_COLUMNS = (
     *SHAPE_COLUMNS,
 )
 STEP_RECORD_NAME = "engine_steps.csv"
-
