@@ -94,8 +94,8 @@ class RequestRecords:
 
     def write_final(self) -> None:
         """Hand on the requests from ``written`` up to the first that is not final."""
-        pending = np.flatnonzero(~self.done[self.written :])
-        end = self.written + int(pending[0]) if len(pending) else len(self.done)
+        rest = self.done[self.written :]  # no copy: this runs at every flush of a long run
+        end = len(self.done) if rest.all() else self.written + int(np.argmin(rest))
         if end > self.written:
             self.streams.requests(self.written, end)
             self.written = end
