@@ -24,7 +24,7 @@ run.
 from __future__ import annotations
 
 import math
-from collections.abc import Generator, Iterable
+from collections.abc import Generator
 from typing import Any
 
 import numpy as np
@@ -119,9 +119,6 @@ class Pipeline(Replica):
     def nothing_to_come(self) -> bool:
         """No request is on its way to the scheduler."""
         return self._not_arrived == 0 and not self._inbox
-
-    def members(self) -> Iterable[int]:
-        return range(len(self.trace))
 
     def front_queue_samples(self, stage: str) -> tuple[np.ndarray, np.ndarray]:
         return self.front.queue_samples(stage)

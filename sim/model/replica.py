@@ -17,7 +17,7 @@ then, in trace order up to the first that is not, go to ``Streams.requests``.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -147,10 +147,6 @@ class Replica:
 
     def nothing_to_come(self) -> bool:
         """No request is on its way to the scheduler, nor can one come any more."""
-        raise NotImplementedError
-
-    def members(self) -> Iterable[int]:
-        """The indices of the requests this replica served."""
         raise NotImplementedError
 
     def front_queue_samples(self, stage: str) -> tuple[np.ndarray, np.ndarray]:
