@@ -111,20 +111,26 @@ class TeeTable(TableWriter):
         self.second.close()
 
 
-class CsvTable(TableWriter):
-    """``path`` as CSV, written as the chunks come (``write_csv``'s cells)."""
+class FileTable(TableWriter):
+    """A file written chunk by chunk; its writer opens with the first chunk's schema."""
+
+    plain_strings = True  # categorical columns written as their strings
 
     def __init__(self, path: Path) -> None:
         self.path = path
         self._writer: Any = None
 
-    def write(self, frame: pd.DataFrame) -> None:
-        import pyarrow.csv as pcsv
+    def _open(self, frame: pd.DataFrame, schema: Any) -> Any:
+        raise NotImplementedError
 
-        table: Any = _arrow_table(frame, plain_strings=True)
-        if self._writer is None:
-            self._writer = pcsv.CSVWriter(self.path, table.schema)
+    def _append(self, table: Any) -> None:
         self._writer.write_table(table)
+
+    def write(self, frame: pd.DataFrame) -> None:
+        table: Any = _arrow_table(frame, plain_strings=self.plain_strings)
+        if self._writer is None:
+            self._writer = self._open(frame, table.schema)
+        self._append(table)
 
     def close(self) -> None:
         if self._writer is None:
@@ -132,32 +138,33 @@ class CsvTable(TableWriter):
         self._writer.close()
 
 
-class ParquetTable(TableWriter):
+class CsvTable(FileTable):
+    """``path`` as CSV, written as the chunks come (``write_csv``'s cells)."""
+
+    def _open(self, frame: pd.DataFrame, schema: Any) -> Any:
+        import pyarrow.csv as pcsv
+
+        return pcsv.CSVWriter(self.path, schema)
+
+
+class ParquetTable(FileTable):
     """``path`` as Parquet (``write_parquet``'s encoding), a row group at a time."""
 
-    def __init__(self, path: Path) -> None:
-        self.path = path
-        self._writer: Any = None
+    plain_strings = False
 
-    def write(self, frame: pd.DataFrame) -> None:
+    def _open(self, frame: pd.DataFrame, schema: Any) -> Any:
         import pyarrow.parquet as pq
 
-        table: Any = _arrow_table(frame, plain_strings=False)
-        if self._writer is None:
-            categorical = [
-                c for c in frame.columns if isinstance(frame[c].dtype, pd.CategoricalDtype)
-            ]
-            self._writer = pq.ParquetWriter(
-                self.path, table.schema, use_dictionary=categorical, compression="zstd"
-            )
+        categorical = [c for c in frame.columns if isinstance(frame[c].dtype, pd.CategoricalDtype)]
+        return pq.ParquetWriter(self.path, schema, use_dictionary=categorical, compression="zstd")
+
+    def _append(self, table: Any) -> None:
         self._writer.write_table(table, row_group_size=PARQUET_ROW_GROUP)
 
     def close(self) -> None:
         import pyarrow as pa
 
-        if self._writer is None:
-            raise RuntimeError(f"{self.path}: no chunk was written (not even an empty one)")
-        self._writer.close()
+        super().close()
         pa.default_memory_pool().release_unused()
 
 

@@ -71,14 +71,17 @@ def test_busy_detokenizer_builds_a_queue() -> None:
     np.testing.assert_array_equal(queue_lengths, [1, 2, 1, 0])
 
 
-@settings(max_examples=40, deadline=None)
-@given(
-    blocks=st.lists(
-        st.tuples(st.integers(1, 6), st.sets(st.integers(0, 4), min_size=1), st.floats(1e-4, 5e-3)),
+def blocks_of(step: st.SearchStrategy[float]) -> st.SearchStrategy:
+    """Blocks of 1-6 steps, each giving a token to a set of the 5 requests, ``step`` apart."""
+    return st.lists(
+        st.tuples(st.integers(1, 6), st.sets(st.integers(0, 4), min_size=1), step),
         min_size=1,
         max_size=25,
     )
-)
+
+
+@settings(max_examples=40, deadline=None)
+@given(blocks=blocks_of(st.floats(1e-4, 5e-3)))
 def test_delivery_equals_a_walk_over_chunks(blocks: list[tuple[int, set[int], float]]) -> None:
     """Blocks of ``k`` steps (``k`` = 1: a single step) give one token each to a request set."""
     totals = RequestTotals(5)
@@ -128,11 +131,7 @@ def _deliver(blocks: list[tuple[int, set[int], float]], flush_after: set[int]) -
 
 @settings(max_examples=40, deadline=None)
 @given(
-    blocks=st.lists(
-        st.tuples(st.integers(1, 6), st.sets(st.integers(0, 4), min_size=1), st.floats(1e-6, 5e-5)),
-        min_size=1,
-        max_size=25,
-    ),
+    blocks=blocks_of(st.floats(1e-6, 5e-5)),
     flush_after=st.sets(st.integers(0, 24)),
 )
 def test_delivery_in_chunks_equals_delivery_at_once(
