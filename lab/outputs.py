@@ -20,13 +20,20 @@ from schema.run import RunResult
 from schema.steprecord import STEP_RECORD_NAME
 from schema.tables import STEP_FORMATS, write_csv, write_parquet
 
+REQUESTS_NAME = "requests.csv"
+
+
+def step_table_name(fmt: str) -> str:
+    """The step table's file name in ``fmt`` (``csv`` or ``parquet``)."""
+    return f"steps.{fmt}"
+
 
 def write_steps(steps: pd.DataFrame, out_dir: Path, fmt: str) -> None:
     """The step table in ``fmt`` (one of ``STEP_FORMATS``)."""
     if fmt == "parquet":
-        write_parquet(steps, out_dir / "steps.parquet")
+        write_parquet(steps, out_dir / step_table_name(fmt))
     elif fmt == "csv":
-        write_csv(steps, out_dir / "steps.csv")
+        write_csv(steps, out_dir / step_table_name(fmt))
     elif fmt != "none":
         raise ValueError(f"unknown step table format {fmt!r}; known: {list(STEP_FORMATS)}")
 
@@ -39,12 +46,21 @@ def write_step_record(engine_steps: pd.DataFrame | None, out_dir: Path) -> None:
 
 
 def write_outputs(
-    result: RunResult, out_dir: Path, *, report: bool = True, steps: str = "csv"
+    result: RunResult,
+    out_dir: Path,
+    *,
+    report: bool = True,
+    steps: str = "csv",
+    written: frozenset[str] = frozenset(),
 ) -> dict[str, Any]:
-    """Write the output files; return the summary (with the verdict when a report was made)."""
+    """Write the output files, but for the tables already ``written`` as the run went
+    (``requests``, ``steps``); return the summary (with the verdict when a report was made:
+    the report reads the request and step tables in memory)."""
     out_dir.mkdir(parents=True, exist_ok=True)
-    write_csv(result.requests, out_dir / "requests.csv")
-    write_steps(result.steps, out_dir, steps)
+    if "requests" not in written:
+        write_csv(result.requests, out_dir / REQUESTS_NAME)
+    if "steps" not in written:
+        write_steps(result.steps, out_dir, steps)
     write_csv(result.queues, out_dir / "queues.csv")
     summary = result.summary
     if report:

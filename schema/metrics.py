@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from schema.samples import WeightedSamples
+from schema.samples import Samples, WeightedSamples
 
 TIME_COLUMNS = (
     "arrival",
@@ -56,7 +56,7 @@ reports token times. Client time minus these is the token's way out (detokenizer
 streaming)."""
 
 
-def _stats(samples: WeightedSamples) -> dict[str, float | None]:
+def _stats(samples: Samples) -> dict[str, float | None]:
     s = samples.finite()
     if s.size == 0:
         return {"mean": None, "p50": None, "p90": None, "p99": None}
@@ -66,7 +66,7 @@ def _stats(samples: WeightedSamples) -> dict[str, float | None]:
 
 def summarize(
     requests: pd.DataFrame,
-    itl_s: WeightedSamples,
+    itl_s: Samples,
     *,
     num_steps: int,
     prefix_hit_rate: float,

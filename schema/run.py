@@ -7,7 +7,7 @@ from typing import Any
 
 import pandas as pd
 
-from schema.samples import WeightedSamples
+from schema.samples import Samples
 
 
 @dataclass(slots=True)
@@ -18,4 +18,4 @@ class RunResult:
     requests: pd.DataFrame
     steps: pd.DataFrame
     queues: pd.DataFrame
-    itl_s: WeightedSamples
+    itl_s: Samples

@@ -9,9 +9,23 @@ of the expanded array ``np.repeat(values, counts)``: percentiles follow
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Protocol
 
 import numpy as np
+
+
+class Samples(Protocol):
+    """What a run's summary asks of its samples (``WeightedSamples`` in memory,
+    ``schema.spill.SpilledSamples`` on disk)."""
+
+    @property
+    def size(self) -> int: ...
+    def finite(self) -> Samples: ...
+    def scaled(self, factor: float) -> Samples: ...
+    def mean(self) -> float: ...
+    def percentile(self, q: list[float] | tuple[float, ...] | np.ndarray) -> np.ndarray: ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -26,14 +40,6 @@ class WeightedSamples:
         """Each value once."""
         v = np.asarray(values, dtype=np.float64)
         return WeightedSamples(v, np.ones(len(v), dtype=np.int64))
-
-    @staticmethod
-    def join(parts: list[WeightedSamples]) -> WeightedSamples:
-        if not parts:
-            return WeightedSamples.of([])
-        return WeightedSamples(
-            np.concatenate([p.values for p in parts]), np.concatenate([p.counts for p in parts])
-        )
 
     @property
     def size(self) -> int:
@@ -73,21 +79,7 @@ class WeightedSamples:
     def percentile(self, q: list[float] | tuple[float, ...] | np.ndarray) -> np.ndarray:
         """``np.percentile(np.repeat(values, counts), q)`` of finite samples, without the copy."""
         s = self.finite().sorted()
-        n = s.size
-        if n == 0:
-            raise ValueError("percentile of no samples")
-        virtual = (n - 1) * np.true_divide(np.asarray(q, dtype=np.float64), 100)
-        previous = np.floor(virtual)
-        following = previous + 1
-        above = virtual >= n - 1
-        previous[above] = n - 1
-        following[above] = n - 1
-        ab = s.at_ranks(np.concatenate([previous, following]).astype(np.int64))
-        a, b = ab[: len(previous)], ab[len(previous) :]
-        gamma = virtual - previous
-        diff = b - a
-        out: np.ndarray = np.where(gamma >= 0.5, b - diff * (1 - gamma), a + diff * gamma)
-        return out
+        return interpolate(s.size, q, s.at_ranks)
 
     def cdf_points(self, max_points: int) -> tuple[np.ndarray, np.ndarray]:
         """At most ``max_points`` (value, cumulative fraction) points of the empirical CDF
@@ -98,3 +90,26 @@ class WeightedSamples:
             return np.zeros(0), np.zeros(0)
         ranks = np.unique(np.linspace(0, n - 1, min(n, max_points)).round().astype(np.int64))
         return s.at_ranks(ranks), (ranks + 1) / n
+
+
+def interpolate(
+    n: int,
+    q: list[float] | tuple[float, ...] | np.ndarray,
+    at_ranks: Callable[[np.ndarray], np.ndarray],
+) -> np.ndarray:
+    """Percentiles ``q`` of ``n`` sorted samples read through ``at_ranks`` (0-based ranks),
+    step by step as ``np.percentile``'s default (linear) method."""
+    if n == 0:
+        raise ValueError("percentile of no samples")
+    virtual = (n - 1) * np.true_divide(np.asarray(q, dtype=np.float64), 100)
+    previous = np.floor(virtual)
+    following = previous + 1
+    above = virtual >= n - 1
+    previous[above] = n - 1
+    following[above] = n - 1
+    ab = at_ranks(np.concatenate([previous, following]).astype(np.int64))
+    a, b = ab[: len(previous)], ab[len(previous) :]
+    gamma = virtual - previous
+    diff = b - a
+    out: np.ndarray = np.where(gamma >= 0.5, b - diff * (1 - gamma), a + diff * gamma)
+    return out

@@ -1,4 +1,4 @@
-"""Per-step records, kept as blocks (a step, or a fast-forwarded run) and expanded once."""
+"""Per-step records, kept as blocks (a step, or a fast-forwarded run) and written in chunks."""
 
 from __future__ import annotations
 
@@ -7,6 +7,9 @@ from typing import Any
 
 import numpy as np
 import pandas as pd
+
+from schema.exactsum import ExactSum
+from schema.tables import TableWriter
 
 STEP_COLUMNS = (
     "step",
@@ -61,7 +64,10 @@ class StepLog:
     context ``context_tokens + context_growth * (i + 1)`` (a run's batch grows
     every context by one token a step; a single step has growth 0) and
     ``kv_pages_used`` = ``kv_pages_held`` plus the pages allocated by steps
-    ``0..i`` of the block. ``frame()`` expands the blocks into typed columns.
+    ``0..i`` of the block. Once ``flush_steps`` steps are recorded, their blocks
+    are expanded into typed columns and written to ``sink`` (``flush``), and the
+    log lets them go: it holds at most one chunk of steps, whatever the run's
+    length. The chunks make the same table as one flush at the end (``close``).
 
     ``kv_pages_used`` counts the pages held by requests once the step's plan is
     made: used pages minus the prefix cache's evictable (unreferenced) pages,
@@ -70,15 +76,25 @@ class StepLog:
     prefix hit rate so far).
     """
 
-    def __init__(self, kv_pages_total: int) -> None:
+    def __init__(self, kv_pages_total: int, sink: TableWriter, flush_steps: int) -> None:
+        if flush_steps < 1:
+            raise ValueError(f"flush_steps must be >= 1, got {flush_steps}")
         self.kv_pages_total = kv_pages_total
+        self.sink = sink
+        self.flush_steps = flush_steps
+        self._blocked: dict[str, int] = {"": 0}
+        self.num_steps = 0
+        self.busy_s = ExactSum()  # of the steps' durations
+        self._flushed = False
+        self._clear()
+
+    def _clear(self) -> None:
+        """Let the written steps go (new buffers: a written chunk may share the old ones)."""
         self._time = array("d")
         self._duration = array("d")
         self._new_pages = array("i")
         self._lengths = array("q")
         self._blocks = array("q")  # BLOCK_FIELDS of each block, block after block
-        self._blocked: dict[str, int] = {"": 0}
-        self.num_steps = 0
 
     def _code(self, blocked: str) -> int:
         code = self._blocked.get(blocked)
@@ -90,6 +106,8 @@ class StepLog:
         self._lengths.append(k)
         self._blocks.extend(values)
         self.num_steps += k
+        if len(self._time) >= self.flush_steps:
+            self.flush()
 
     def add(
         self,
@@ -151,7 +169,7 @@ class StepLog:
     def _column(self, name: str, lengths: np.ndarray, within: np.ndarray) -> np.ndarray:
         """One column, expanded from the blocks (``within``: each step's index in its block)."""
         dtype = STEP_DTYPES[name]
-        if name in ("time", "duration_s"):  # shared, not copied: the log takes no more steps
+        if name in ("time", "duration_s"):  # shared, not copied: the log lets them go
             return np.frombuffer(self._time if name == "time" else self._duration)
         if name == "kv_pages_total":
             return np.full(len(within), self.kv_pages_total, dtype=dtype)
@@ -173,15 +191,24 @@ class StepLog:
             return allocated.astype(dtype)
         return np.repeat(self._per_block(name).astype(dtype), lengths)
 
-    def frame(self) -> pd.DataFrame:
-        """All rows, columns in ``STEP_COLUMNS`` order (``blocked`` as a categorical).
-
-        The time columns share the log's memory, so the log takes no more steps.
-        """
+    def flush(self) -> None:
+        """Write the steps recorded since the last flush to the sink, in ``STEP_COLUMNS``
+        order (``blocked`` as a categorical of the categories so far), and let them go.
+        An empty chunk is written only as the first (a table of no steps)."""
+        if not self._time and self._flushed:
+            return
+        self._flushed = True
         lengths = np.frombuffer(self._lengths, dtype=np.int64)
-        within = np.arange(self.num_steps, dtype=np.int32)
+        within = np.arange(len(self._time), dtype=np.int32)
         within -= np.repeat((np.cumsum(lengths) - lengths).astype(np.int32), lengths)
         data: dict[str, Any] = {name: self._column(name, lengths, within) for name in STEP_COLUMNS}
         del within
         data["blocked"] = pd.Categorical.from_codes(data["blocked"], categories=self.blocked_names)
-        return pd.DataFrame(data, columns=list(STEP_COLUMNS), copy=False)
+        self.busy_s.add(data["duration_s"])
+        self.sink.write(pd.DataFrame(data, columns=list(STEP_COLUMNS), copy=False))
+        self._clear()
+
+    def close(self) -> None:
+        """Write what is left and end the table."""
+        self.flush()
+        self.sink.close()

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -14,8 +15,9 @@ from tqdm import tqdm
 from core.router import Router
 from core.scheduler import Scheduler, SchedulerStats
 from schema.jsonsafe import json_safe
-from schema.metrics import REQUEST_COLUMNS, SERVER_TOKEN_COLUMNS, TIME_COLUMNS, summarize
+from schema.metrics import summarize
 from schema.run import RunResult
+from schema.tables import MemoryTable, TableWriter, TeeTable
 from schema.traces import Trace
 from sim.config import SimConfig
 from sim.costs import load_cpu_costs, make_cost_model, read_profile
@@ -26,16 +28,10 @@ from sim.model.calls import RecordingScheduler
 from sim.model.cluster import Cluster
 from sim.model.pipeline import Pipeline
 from sim.model.recorded_stages import RecordedStages
-from sim.model.replica import Progress, Replica, RequestRecords
+from sim.model.replica import FLUSH_STEPS, Progress, Replica, RequestRecords, Streams
 from sim.model.scheduler_loop import LoopSettings
-from sim.replicas import (
-    itl_samples,
-    replica_summaries,
-    router_summary,
-    step_frame,
-    step_record_frame,
-    sum_over,
-)
+from sim.replicas import replica_summaries, router_summary, step_frame, step_record_frame
+from sim.request_table import RequestTable
 
 PROGRESS_MIN_REQUESTS = 1000
 
@@ -44,11 +40,37 @@ PROGRESS_MIN_REQUESTS = 1000
 class ReplayResult(RunResult):
     """A simulated run, the scheduler (or ``RecordingScheduler``) that was driven (a list of
     them, one per replica, for several), the router of a cluster, and the step record
-    (``engine_steps.csv``) where it was kept."""
+    (``engine_steps.csv``) where it was kept. Where the tables went to files as the run
+    went (``ReplayTables``), ``requests`` holds the columns the summary reads and ``steps``
+    is empty, unless ``keep`` kept them."""
 
     scheduler: Any = None
     router: Router | None = None
     engine_steps: pd.DataFrame | None = None  # the step record, where it was kept
+
+
+@dataclass(frozen=True, slots=True)
+class ReplayTables:
+    """Where the request table and each replica's step table go as the replay runs (a new
+    writer for each: memory by default, else files), every ``flush_steps`` steps; ``keep``:
+    keep them in memory too (the result's frames), for a report."""
+
+    requests: Callable[[], TableWriter] = MemoryTable
+    steps: Callable[[], TableWriter] = MemoryTable
+    flush_steps: int = FLUSH_STEPS
+    keep: bool = True
+
+
+def _kept(make: Callable[[], TableWriter], keep: bool) -> tuple[TableWriter, MemoryTable | None]:
+    """A writer from ``make``, and the memory copy that ``keep`` asks for (the writer itself
+    when it is memory)."""
+    writer = make()
+    if isinstance(writer, MemoryTable):
+        return writer, writer
+    if not keep:
+        return writer, None
+    memory = MemoryTable()
+    return TeeTable(writer, memory), memory
 
 
 class _Bar(Progress):
@@ -98,11 +120,13 @@ def run_replay(
     record_calls: bool = False,
     progress: bool = True,
     cluster: bool | None = None,
+    tables: ReplayTables = ReplayTables(),
     record_steps: bool = False,
     costs: tuple[GpuCostModel, CpuCosts] | None = None,
     stages: RecordedStages | None = None,
 ) -> ReplayResult:
-    """Simulate ``trace`` under ``config``; deterministic for the same inputs.
+    """Simulate ``trace`` under ``config``; deterministic for the same inputs, and the same
+    tables whatever ``tables.flush_steps``.
 
     ``config.replicas`` > 1 runs the cluster (``sim.model.cluster``); ``cluster=True`` runs
     it for one replica too (the tests compare it with the single pipeline).
@@ -129,13 +153,24 @@ def run_replay(
         copies=build_copy_costs(config),
         record_steps=record_steps,
     )
+    request_writer, request_memory = _kept(tables.requests, tables.keep)
+    request_table = RequestTable(request_writer)
+    step_memory: list[MemoryTable] = []
+
+    def step_writer() -> TableWriter:
+        writer, memory = _kept(tables.steps, tables.keep)
+        if memory is not None:
+            step_memory.append(memory)
+        return writer
+
+    streams = Streams(step_writer, request_table.take, tables.flush_steps)
     sim: Pipeline | Cluster
     if stages is not None and as_cluster:
         raise ValueError("recorded stages replace the stages of the single pipeline only")
     if as_cluster:
         router = Router(config.router)
         sim = Cluster(
-            RequestRecords(trace.requests),
+            RequestRecords(trace.requests, streams),
             schedulers,
             router,
             (gpu, cpu),
@@ -144,7 +179,7 @@ def run_replay(
             progress=bar,
         )
         replicas: list[Replica] = list(sim.replicas)
-        replica_of = np.asarray(sim.replica_of, dtype=np.int64)
+        request_table.attach(sim.records, sim.replica_of)
     else:
         if config.replicas != 1:
             raise ValueError("the single pipeline runs one replica")
@@ -158,19 +193,23 @@ def run_replay(
             loop=loop,
             progress=bar,
             stages=stages,
+            streams=streams,
         )
         replicas = [sim]
-        replica_of = np.zeros(len(trace.requests), dtype=np.int64)
+        request_table.attach(sim.records, np.zeros(len(trace.requests), dtype=np.int64))
     try:
         sim.run()
     finally:
         if bar is not None:
             bar.bar.close()
-    requests = request_frame(sim.records, replicas, replica_of)
-    steps = step_frame(replicas)
+    summary_columns = request_table.close(len(trace.requests))
+    requests = summary_columns if request_memory is None else request_memory.frame()
+    steps = step_frame(step_memory)
     engine_steps = step_record_frame(replicas) if record_steps else None
     queues = queue_frame(replicas)
-    itl = replicas[0].itl() if len(replicas) == 1 else itl_samples(replicas)
+    itl = sim.records.totals.itl_s
+    busy_s = [r.steps.busy_s.sum() for r in replicas]
+    num_steps = sum(r.steps.num_steps for r in replicas)
     fast_forward = {
         "enabled": config.fast_forward,
         "runs": sum(r.loop.num_runs for r in replicas),
@@ -180,9 +219,9 @@ def run_replay(
     stats = [s.stats() for s in schedulers]
     prompt = sum(st.prompt_tokens for st in stats)
     summary = summarize(
-        requests,
+        summary_columns,
         itl,
-        num_steps=len(steps),
+        num_steps=num_steps,
         prefix_hit_rate=sum(st.cached_tokens for st in stats) / prompt if prompt else 0.0,
         slo_ttft_ms=config.slo_ttft_ms,
         slo_tpot_ms=config.slo_tpot_ms,
@@ -193,7 +232,7 @@ def run_replay(
     summary["host_kv"] = host_kv_summary(stats, loop.copies)
     summary["trace"] = trace.describe()
     summary["fast_forward"] = fast_forward
-    summary["replicas"] = replica_summaries(requests, steps, stats, summary["duration_s"])
+    summary["replicas"] = replica_summaries(summary_columns, busy_s, stats, summary["duration_s"])
     summary["router"] = None if router is None else router_summary(router)
     summary["wall_s"] = time.perf_counter() - wall0
     scheduler = schedulers[0] if len(schedulers) == 1 else schedulers
@@ -214,8 +253,6 @@ def queue_frame(replicas: list[Replica]) -> pd.DataFrame:
 
 
 def _queues_of(p: Replica) -> pd.DataFrame:
-    if p.delivered is None:
-        raise RuntimeError("queue_frame() before the pipeline ran")
     parts = [p.front_queue_samples("frontend"), p.front_queue_samples("tokenizer")]
     parts.append(
         (
@@ -223,7 +260,7 @@ def _queues_of(p: Replica) -> pd.DataFrame:
             np.asarray([n for _, _, n in p.queue_samples], dtype=np.int64),
         )
     )
-    parts.append((p.delivered.queue_times, p.delivered.queue_lengths))
+    parts.append(p.detokenizer_queue())
     names = ("frontend", "tokenizer", "scheduler", "detokenizer")
     frame = pd.DataFrame(
         {
@@ -233,47 +270,3 @@ def _queues_of(p: Replica) -> pd.DataFrame:
         }
     )
     return frame.sort_values("time", kind="stable").reset_index(drop=True)
-
-
-def request_frame(
-    p: RequestRecords, replicas: list[Replica], replica_of: np.ndarray
-) -> pd.DataFrame:
-    """``requests.csv``: the records of every request, and the replica that served it."""
-    t = {k: np.asarray(v, dtype=np.float64) for k, v in p.times.items()}
-    delivered = [r.delivered for r in replicas]
-    if any(d is None for d in delivered):
-        raise RuntimeError("request_frame() before the pipeline ran")
-    out_tokens = sum_over(d.output_tokens for d in delivered if d is not None)
-    detokenize_s = sum_over(d.detokenize_s for d in delivered if d is not None)
-    completed = np.asarray([s == "completed" for s in p.status])
-    ttft = np.where(completed, (t["first_token"] - t["arrival"]) * 1e3, np.nan)
-    e2e = np.where(completed, (t["finished"] - t["arrival"]) * 1e3, np.nan)
-    with np.errstate(invalid="ignore", divide="ignore"):
-        tpot = np.where(completed & (out_tokens > 1), (e2e - ttft) / (out_tokens - 1), np.nan)
-    return pd.DataFrame(
-        {
-            "rid": [r.rid for r in p.trace],
-            "status": p.status,
-            "reason": p.reason,
-            **{k: t[k] for k in TIME_COLUMNS},
-            "input_tokens": np.asarray([r.input_length for r in p.trace], dtype=np.int64),
-            "output_tokens": out_tokens,
-            "cached_tokens": np.asarray(p.cached_tokens, dtype=np.int64),
-            "num_preemptions": np.asarray(p.preemptions, dtype=np.int64),
-            "ttft_ms": ttft,
-            "tpot_ms": tpot,
-            "e2e_ms": e2e,
-            "tokenizer_queue_ms": (t["tokenize_start"] - t["tokenizer_enter"]) * 1e3,
-            "tokenize_ms": (t["tokenized"] - t["tokenize_start"]) * 1e3,
-            "ipc_ms": (t["tokenizer_enter"] - t["parsed"] + t["sched_arrival"] - t["tokenized"])
-            * 1e3,
-            "scheduler_wait_ms": (t["first_scheduled"] - t["sched_arrival"]) * 1e3,
-            "prefill_ms": (t["first_token"] - t["first_scheduled"]) * 1e3,
-            "decode_ms": (t["finished"] - t["first_token"]) * 1e3,
-            "detokenize_ms": detokenize_s * 1e3,
-            "frontend_ms": (t["parsed"] - t["arrival"]) * 1e3,
-            "replica": replica_of,
-            **{k: t[k] for k in SERVER_TOKEN_COLUMNS},
-        },
-        columns=[*REQUEST_COLUMNS, "replica", *SERVER_TOKEN_COLUMNS],
-    )

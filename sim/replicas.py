@@ -8,7 +8,6 @@ queue samples in time order) with its number in a last column ``replica``;
 
 from __future__ import annotations
 
-from collections.abc import Iterable
 from typing import Any
 
 import numpy as np
@@ -17,25 +16,16 @@ import pandas as pd
 from core.router import Router
 from core.scheduler import SchedulerStats
 from schema.samples import WeightedSamples
+from schema.steplog import STEP_COLUMNS, STEP_DTYPES
+from schema.tables import MemoryTable
 from sim.model.replica import Replica
 
 
-def sum_over(arrays: Iterable[np.ndarray]) -> np.ndarray:
-    """The element-wise sum (each request's values sit in the one replica that served it)."""
-    it = iter(arrays)
-    total = next(it)
-    for a in it:
-        total = total + a
-    return total
-
-
-def itl_samples(replicas: list[Replica]) -> WeightedSamples:
-    """The ITL gaps of every replica, pooled and sorted."""
-    return WeightedSamples.join([r.itl() for r in replicas]).sorted()
-
-
-def step_frame(replicas: list[Replica]) -> pd.DataFrame:
-    frames = [r.steps.frame() for r in replicas]
+def step_frame(tables: list[MemoryTable]) -> pd.DataFrame:
+    """The replicas' step tables kept in memory (none kept: an empty table)."""
+    frames = [t.frame() for t in tables]
+    if not frames:
+        return pd.DataFrame({c: np.zeros(0, STEP_DTYPES[c]) for c in STEP_COLUMNS})
     if len(frames) == 1:
         return frames[0]
     for k, f in enumerate(frames):
@@ -58,20 +48,16 @@ def step_record_frame(replicas: list[Replica]) -> pd.DataFrame:
 
 
 def replica_summaries(
-    requests: pd.DataFrame, steps: pd.DataFrame, stats: list[SchedulerStats], duration_s: float
+    requests: pd.DataFrame, busy_s: list[float], stats: list[SchedulerStats], duration_s: float
 ) -> list[dict[str, Any]]:
     """Per replica: requests placed on it, completed, rejected, throughput, TTFT P50/P90, its
-    prefix hit rate, and its busy share (its steps' time over the run's duration)."""
+    prefix hit rate, and its busy share (its steps' time, ``busy_s``, over the run's
+    duration)."""
     out = []
     by_replica = requests["replica"].to_numpy()
-    step_replica = steps["replica"].to_numpy() if "replica" in steps.columns else None
-    for k, st in enumerate(stats):
+    for k, (st, busy) in enumerate(zip(stats, busy_s, strict=True)):
         mine = requests[by_replica == k]
         done = mine[mine["status"] == "completed"]
-        durations = steps["duration_s"].to_numpy()
-        if step_replica is not None:
-            durations = durations[step_replica == k]
-        busy = float(durations.sum())
         ttft = WeightedSamples.of(done["ttft_ms"].to_numpy()).finite()
         p50, p90 = (float(x) for x in ttft.percentile([50, 90])) if ttft.size else (None, None)
         out.append(

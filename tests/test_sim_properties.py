@@ -17,6 +17,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from core.scheduler import POLICIES
+from schema.spill import SpilledSamples
 from schema.traces import load_trace
 from sim.config import build_config
 from sim.model.calls import replay_calls
@@ -105,7 +106,9 @@ def test_sim_drives_the_core_faithfully(
     gaps = np.diff(steps["step"])  # with overlap, a step with no model work has no row
     assert (gaps == 1).all() if not cfg.overlap else (gaps >= 1).all()
     assert (steps["kv_pages_used"] <= steps["kv_pages_total"]).all()
-    assert (result.itl_s.values >= 0).all() and (result.itl_s.counts >= 1).all()
+    assert isinstance(result.itl_s, SpilledSamples)
+    itl = result.itl_s.load()
+    assert (itl.values >= 0).all() and (itl.counts >= 1).all()
 
     calls = result.scheduler.calls
     assert sum(c.name == "add" for c in calls) == len(rows)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import gc
 import sys
 from pathlib import Path
 from typing import Any
@@ -12,10 +13,12 @@ from core.scheduler.options import add_scheduler_flags
 from lab.memory import keep_mmap_threshold
 from lab.sweep.cli import add_capacity_args, add_sweep_args, cmd_capacity, cmd_sweep
 from lab.validate.command import add_validate_args
-from schema.tables import STEP_FORMATS
+from schema.tables import STEP_FORMATS, CsvTable, MemoryTable, TableWriter, table_writer
 from schema.traces import TraceError, generate, load_trace
 from sim.config import CONFIG_KEYS, SimConfig, build_config
 from sim.costs import COST_MODELS, ProfileError
+from sim.model.replica import FLUSH_STEPS
+from sim.replay import ReplayTables
 
 
 def _replay_args(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -63,6 +66,13 @@ def _replay_args(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> No
         choices=STEP_FORMATS,
         default="csv",
         help="the per-step table: steps.csv (default), the compact steps.parquet, or none",
+    )
+    p.add_argument(
+        "--flush-steps",
+        type=int,
+        default=FLUSH_STEPS,
+        help="steps between two writes of the tables as the run goes (memory holds about "
+        "one chunk; the files are the same for any value)",
     )
     p.add_argument("--timeline", action="store_true", help="also write timeline.json (Perfetto)")
     p.add_argument(
@@ -154,6 +164,25 @@ def format_summary(summary: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def replay_tables(args: argparse.Namespace, config: SimConfig) -> ReplayTables:
+    """``sim replay`` writes ``requests.csv`` and (for one replica) the step table as the
+    run goes; it keeps them in memory too only for ``report.html`` or ``--timeline``."""
+    from lab.outputs import REQUESTS_NAME, step_table_name
+
+    out: Path = args.out
+    out.mkdir(parents=True, exist_ok=True)
+
+    def steps() -> TableWriter:
+        return table_writer(args.steps, out / step_table_name(args.steps))
+
+    return ReplayTables(
+        requests=lambda: CsvTable(out / REQUESTS_NAME),
+        steps=steps if config.replicas == 1 else MemoryTable,
+        flush_steps=args.flush_steps,
+        keep=not args.no_report or args.timeline,
+    )
+
+
 def cmd_replay(args: argparse.Namespace) -> int:
     from lab.outputs import write_outputs, write_step_record
     from schema.perfetto import TIMELINE_NAME, write_timeline
@@ -161,10 +190,15 @@ def cmd_replay(args: argparse.Namespace) -> int:
 
     config = replay_config(args)
     trace = load_trace(args.trace, rate_scale=args.rate_scale, limit=args.limit)
+    gc.freeze()  # the trace lives to the end: no collection needs to walk its millions of objects
+    tables = replay_tables(args, config)
     result = run_replay(
-        trace, config, progress=not args.no_progress, record_steps=args.record_steps
+        trace, config, progress=not args.no_progress, tables=tables, record_steps=args.record_steps
     )
-    summary = write_outputs(result, args.out, report=not args.no_report, steps=args.steps)
+    written = frozenset({"requests"} if config.replicas > 1 else {"requests", "steps"})
+    summary = write_outputs(
+        result, args.out, report=not args.no_report, steps=args.steps, written=written
+    )
     write_step_record(result.engine_steps, args.out)
     if args.timeline:
         write_timeline(args.out / TIMELINE_NAME, result.requests, result.steps, "sim replay")

@@ -11,7 +11,8 @@ from lab.report.binning import MAX_POINTS
 from lab.report.plotting import annotate_no_data
 from lab.report.stages import completed_requests
 from schema.frames import numeric
-from schema.samples import WeightedSamples
+from schema.samples import Samples, WeightedSamples
+from schema.spill import SpilledSamples
 
 PERCENTILES = (50, 90, 99)
 PERCENTILE_COLORS = {50: "#2ca02c", 90: "#ff7f0e", 99: "#d62728"}
@@ -21,17 +22,20 @@ TAIL_RANGE = 1.5
 """A linear x axis ends at this multiple of P99 when the maximum lies further out."""
 
 
-def as_samples(values: np.ndarray | WeightedSamples | None) -> WeightedSamples:
-    """Plain values (each once), weighted samples as they are, or no samples for None."""
+def as_samples(values: np.ndarray | Samples | None) -> WeightedSamples:
+    """Plain values (each once), weighted samples as they are (read into memory from disk),
+    or no samples for None."""
     if values is None:
         return WeightedSamples.of([])
     if isinstance(values, WeightedSamples):
         return values
+    if isinstance(values, SpilledSamples):
+        return values.load()
     return WeightedSamples.of(np.asarray(values, dtype=float))
 
 
 def latency_series(
-    requests: pd.DataFrame, itl_s: np.ndarray | WeightedSamples | None
+    requests: pd.DataFrame, itl_s: np.ndarray | Samples | None
 ) -> dict[str, WeightedSamples]:
     """Finite latencies in ms by metric name; ITL comes from the pooled inter-token gaps."""
     done = completed_requests(requests)
@@ -44,9 +48,7 @@ def latency_series(
     return {name: s.finite() for name, s in series.items()}
 
 
-def latency_cdf_figure(
-    requests: pd.DataFrame, itl_s: np.ndarray | WeightedSamples | None
-) -> go.Figure:
+def latency_cdf_figure(requests: pd.DataFrame, itl_s: np.ndarray | Samples | None) -> go.Figure:
     series = latency_series(requests, itl_s)
     names = list(series)
     titles = [f"<b>{n}</b> (ms)" for n in names]

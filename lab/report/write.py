@@ -19,7 +19,7 @@ from lab.report.tables import config_tables, evidence_table
 from lab.report.verdict import bottleneck_verdict
 from schema.frames import as_float, get_path
 from schema.jsonsafe import json_safe
-from schema.samples import WeightedSamples
+from schema.samples import Samples
 
 REPORT_NAME = "report.html"
 
@@ -30,7 +30,7 @@ def write_report(
     requests: pd.DataFrame,
     steps: pd.DataFrame,
     queues: pd.DataFrame,
-    itl: np.ndarray | WeightedSamples | None = None,
+    itl: np.ndarray | Samples | None = None,
 ) -> dict[str, Any]:
     """Writes ``out_dir/report.html`` (self-contained Plotly HTML: plotly.js inlined, works
     offline) and returns the bottleneck verdict as a JSON-friendly dict.

@@ -19,6 +19,7 @@ of a step (e.g. batch 16 and 17) pins it.
 
 from __future__ import annotations
 
+from bisect import bisect_left
 from dataclasses import dataclass
 
 import numpy as np
@@ -52,15 +53,26 @@ class PiecewiseFit:
         coef, *_ = np.linalg.lstsq(design / y[:, None], np.ones(len(y)), rcond=None)
         return PiecewiseFit(knots, tuple(float(c) for c in coef), extras.shape[1])
 
-    def design(self, x: np.ndarray, extras: np.ndarray) -> np.ndarray:
-        """The regression's columns for rows ``x`` (spine) and ``extras``."""
+    def spine(self, x: np.ndarray) -> np.ndarray:
+        """The spine's columns of the design (``[rows, 1 + len(knots) - 1]``) for rows ``x``."""
         x0 = self.knots[0]
         xp = np.maximum(np.asarray(x, dtype=np.float64), x0)
-        columns = [np.ones(len(xp))]
+        interior = np.asarray(self.knots[1:-1], dtype=np.float64)
+        out = np.empty((len(xp), len(self.knots) if len(self.knots) >= 2 else 1))
+        out[:, 0] = 1.0
         if len(self.knots) >= 2:
-            columns.append(xp - x0)
-        columns += [np.maximum(xp - k, 0.0) for k in self.knots[1:-1]]
-        return np.column_stack([*columns, np.asarray(extras, dtype=np.float64)])
+            out[:, 1] = xp - x0
+            np.maximum(xp[:, None] - interior[None, :], 0.0, out=out[:, 2:])
+        return out
+
+    def design(self, x: np.ndarray, extras: np.ndarray) -> np.ndarray:
+        """The regression's columns for rows ``x`` (spine) and ``extras``, one C-ordered matrix."""
+        spine = self.spine(x)
+        extras = np.asarray(extras, dtype=np.float64)
+        out = np.empty((len(spine), spine.shape[1] + extras.shape[1]))
+        out[:, : spine.shape[1]] = spine
+        out[:, spine.shape[1] :] = extras
+        return out
 
     def predict(self, x: np.ndarray, extras: np.ndarray) -> np.ndarray:
         pred: np.ndarray = self.design(x, extras) @ np.asarray(self.coef)
@@ -73,9 +85,8 @@ class PiecewiseFit:
         t = coef[0]
         if len(knots) >= 2:
             t += coef[1] * (xp - knots[0])
-            for k, c in zip(knots[1:-1], coef[2 : len(knots)], strict=True):
-                if xp > k:
-                    t += c * (xp - k)
+            for j in range(1, bisect_left(knots, xp, 1, len(knots) - 1)):  # knots below xp
+                t += coef[j + 1] * (xp - knots[j])
         for f, d in zip(extras, coef[len(coef) - self.num_extras :], strict=True):
             t += d * f
         return t

@@ -30,7 +30,7 @@ provenance and in ``describe()``.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -78,6 +78,12 @@ class GroupFit:
     group: StepGroup
     fit: PiecewiseFit
     floor: float  # the fastest measured step of the group
+    spines: dict[float, np.ndarray] = field(default_factory=dict, compare=False, repr=False)
+    """The spine's design row of each spine value priced so far (a decode run's batch)."""
+    coef: np.ndarray = field(init=False, compare=False, repr=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "coef", np.asarray(self.fit.coef))
 
     @staticmethod
     def of(group: StepGroup, rows: list[ProfileRow], device: bool = False) -> GroupFit:
@@ -94,6 +100,23 @@ class GroupFit:
         x = sum(getattr(shape, f) for f in g.spine)
         t = self.fit.predict_one(x, tuple(getattr(shape, f) for f in g.extras))
         return max(t, self.floor)
+
+    def run_times(self, shape: StepShape, growth: np.ndarray) -> np.ndarray:
+        """``max(fit.predict, floor)`` of ``len(growth)`` steps of ``shape`` whose ``GROWING``
+        features grow by ``growth`` (the same design matrix as ``fit.predict``'s)."""
+        g = self.group
+        x = float(sum(getattr(shape, f) for f in g.spine))
+        spine = self.spines.get(x)
+        if spine is None:
+            spine = self.spines[x] = self.fit.spine(np.array([x]))
+        p = spine.shape[1]
+        design = np.empty((len(growth), p + len(g.extras)))
+        design[:, :p] = spine
+        design[:, p:] = [float(getattr(shape, f)) for f in g.extras]
+        for name in GROWING:
+            design[:, p + g.extras.index(name)] += growth
+        times: np.ndarray = np.maximum(design @ self.coef, self.floor)
+        return times
 
     def describe(self) -> dict[str, Any]:
         return {
@@ -186,13 +209,8 @@ class TableCostModel(GpuCostModel):
     def _decode_times(
         d: GroupFit, batch: int, context_tokens: int, longest: int, k: int
     ) -> np.ndarray:
-        x, extras = d.group.columns([StepShape.decode(batch, context_tokens, longest)])
-        columns = np.repeat(extras, k, axis=0)
         growth = batch * np.arange(k, dtype=np.float64)
-        for name in GROWING:
-            columns[:, d.group.extras.index(name)] += growth
-        times: np.ndarray = np.maximum(d.fit.predict(np.repeat(x, k), columns), d.floor)
-        return times
+        return d.run_times(StepShape.decode(batch, context_tokens, longest), growth)
 
     def describe(self) -> dict[str, object]:
         out = super().describe()

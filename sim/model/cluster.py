@@ -25,7 +25,7 @@ Modelled on ``engine router`` in front of N servers, in one SimPy environment::
 from __future__ import annotations
 
 from array import array
-from collections.abc import Generator, Iterable
+from collections.abc import Generator
 from typing import Any
 
 import numpy as np
@@ -58,7 +58,6 @@ class ClusterReplica(Replica):
         self.cluster = cluster
         self.name = name
         self.front = FrontQueue(cpu, num_tokenizers)
-        self.served: list[int] = []  # indices of the requests placed here, in arrival order
         self.on_way = 0  # placed here, not yet at the scheduler
         self.loop.interruptible = True
         self.process: simpy.Process | None = None
@@ -73,7 +72,6 @@ class ClusterReplica(Replica):
         t["tokenizer_enter"][i] = entered
         t["tokenize_start"][i] = start
         t["tokenized"][i] = tokenized
-        self.served.append(i)
         self.on_way += 1
         reach = self.env.timeout(delay_to(now, sched))
         reach.callbacks.append(lambda _: self._reach(i))
@@ -98,9 +96,6 @@ class ClusterReplica(Replica):
 
     def nothing_to_come(self) -> bool:
         return self.cluster.routing_done and self.on_way == 0 and not self._inbox
-
-    def members(self) -> Iterable[int]:
-        return self.served
 
     def ended(self, i: int, rejected: bool) -> None:
         super().ended(i, rejected)
@@ -163,7 +158,7 @@ class Cluster:
         if stuck:
             raise RuntimeError(f"replicas {stuck} did not finish their work")
         for r in self.replicas:
-            r.deliver()
+            r.finish()
 
     def _route(self) -> Generator[simpy.Event, Any, None]:
         """Each request, at its arrival, to the replica the router picks then."""

@@ -2,9 +2,10 @@
 
 Nothing on this path feeds back into scheduling, so the pipeline only records,
 for each step that produced tokens, when it ended and which requests got a
-token (one step, or a fast-forwarded run of identical steps); ``deliver()``
-then times every step at once through the detokenizer's FIFO queue and derives
-each request's client-side times:
+token (one step, or a fast-forwarded run of identical steps); ``flush()`` then
+times the steps recorded so far at once through the detokenizer's FIFO queue
+(carried over from the previous flush, ``sim.model.detokenizer.Fifo``) and
+derives each request's client-side times:
 
 - a step's message arrives at ``end + ipc``, departs the detokenizer at
   ``depart``, reaches the frontend at ``depart + ipc`` and the client when the
@@ -14,6 +15,11 @@ each request's client-side times:
   order; its output tokens are the steps it appears in, its ITL gaps are the
   gaps between consecutive chunks, and its detokenize time sums its steps'
   ``depart - arrive``.
+
+What a request gathers over flushes sits in ``RequestTotals``, shared by the
+replicas of a cluster. Flushing every few steps or once at the end gives the
+same floats: the queues carry their state, a block is never split, and the
+per-request sums add in block order either way.
 """
 
 from __future__ import annotations
@@ -24,40 +30,63 @@ from dataclasses import dataclass
 import numpy as np
 
 from schema.samples import WeightedSamples
-from sim.model.detokenizer import serve_fifo
+from schema.spill import SpilledSamples
+from sim.model.detokenizer import Fifo, serve_fifo
+
+
+class RequestTotals:
+    """Per request (by index): output tokens, detokenize time, and when its latest chunk
+    reached the client; and the pooled ITL gaps of all requests (on disk)."""
+
+    def __init__(self, num_requests: int) -> None:
+        self.output_tokens = np.zeros(num_requests, dtype=np.int64)
+        self.detokenize_s = np.zeros(num_requests)
+        self.last_client = np.full(num_requests, np.nan)
+        self.itl_s = SpilledSamples()
 
 
 @dataclass(frozen=True, slots=True)
-class Delivered:
-    """The timed deliveries: per step (in step order) and per request (by index)."""
+class DeliveredChunk:
+    """Steps ``first_step ..`` of a delivery, timed: when each step ended on the server
+    (the server's time of its tokens), when its chunk reached the client, and the requests
+    each block served (block after block)."""
 
-    client: np.ndarray  # per step: when its chunk reached the client
-    output_tokens: np.ndarray  # per request
-    detokenize_s: np.ndarray  # per request: time in the detokenizer, queue and service
-    itl_s: WeightedSamples  # pooled gaps between consecutive chunks of each request
-    queue_times: np.ndarray  # the detokenizer's queue (messages waiting) at each change
-    queue_lengths: np.ndarray
+    first_step: int
+    server: np.ndarray
+    client: np.ndarray
+    members: np.ndarray
 
 
 class TokenDelivery:
-    """Records token-carrying steps during a replay; ``deliver()`` times them afterwards."""
+    """Records token-carrying steps during a replay; ``flush()`` times those recorded so far."""
 
     def __init__(
         self,
-        num_requests: int,
+        totals: RequestTotals,
         ipc: float,
         detokenize_per_token: float,
         stream_per_token: float = 0.0,
     ) -> None:
-        self.num_requests = num_requests
+        self.totals = totals
         self.ipc = ipc
         self.detokenize_per_token = detokenize_per_token
         self.stream_per_token = stream_per_token
         self.num_steps = 0
+        self.delivered_steps = 0
+        self.detokenizer = Fifo()
+        self.frontend = Fifo(keep_queue=False)
+        self._clear()
+
+    def _clear(self) -> None:
         self._ends = array("d")  # per step: when it ended
         self._lengths = array("q")  # per block (a step, or a run of steps): its steps
         self._batch = array("q")  # per block: requests that get a token each step
         self._members = array("q")  # request indices, block after block
+
+    @property
+    def pending(self) -> int:
+        """Steps recorded and not yet flushed."""
+        return self.num_steps - self.delivered_steps
 
     def step(self, end: float, members: list[int]) -> int:
         """One step that gave one token to each of ``members``; returns its step number."""
@@ -77,67 +106,69 @@ class TokenDelivery:
         self._members.extend(members)
         self.num_steps += len(ends)
 
-    def step_ends(self) -> np.ndarray:
-        """Per recorded step: when it ended, the server's time of its tokens (a view that
-        outlives ``deliver()``)."""
-        return np.frombuffer(self._ends, dtype=np.float64)
-
-    def deliver(self) -> Delivered:
-        """Time all recorded steps (see the module docstring); the records are let go."""
+    def flush(self) -> DeliveredChunk:
+        """Time the steps recorded since the last flush (see the module docstring), add to
+        the requests' totals, and let the records go."""
+        if not self._lengths:
+            empty = np.zeros(0)
+            return DeliveredChunk(self.delivered_steps, empty, empty, np.zeros(0, np.int64))
+        t = self.totals
         lengths = np.frombuffer(self._lengths, dtype=np.int64)
         batch = np.frombuffer(self._batch, dtype=np.int64)
-        arrive = np.frombuffer(self._ends, dtype=np.float64) + self.ipc
+        server = np.frombuffer(self._ends, dtype=np.float64).copy()
+        arrive = server + self.ipc
         per_step = np.repeat(batch, lengths)
-        served = serve_fifo(arrive, per_step * self.detokenize_per_token)
-        detok = np.subtract(served.depart, arrive, out=arrive)
-        client = np.add(served.depart, self.ipc, out=served.depart)
+        depart = serve_fifo(arrive, per_step * self.detokenize_per_token, self.detokenizer)
+        detok = np.subtract(depart, arrive, out=arrive)
+        client = np.add(depart, self.ipc, out=depart)
         if self.stream_per_token > 0:
-            client = serve_fifo(client, per_step * self.stream_per_token).depart
+            client = serve_fifo(client, per_step * self.stream_per_token, self.frontend)
         del per_step
         first = np.cumsum(lengths) - lengths  # first step of each block
         block_detok = np.add.reduceat(detok, first) if len(detok) else np.zeros(0)
         del detok, arrive
         # one chunk group per (block, member): request g_req has steps [g_first, g_last]
-        g_req = np.frombuffer(self._members, dtype=np.int64)
+        g_req = np.frombuffer(self._members, dtype=np.int64).copy()
+        np.add.at(t.output_tokens, g_req, np.repeat(lengths, batch))
+        np.add.at(t.detokenize_s, g_req, np.repeat(block_detok, batch))  # in block order
         g_first = np.repeat(first, batch)
         g_last = np.repeat(first + lengths - 1, batch)
-        n = self.num_requests
-        output_tokens = np.bincount(g_req, weights=np.repeat(lengths, batch), minlength=n).astype(
-            np.int64
-        )
-        detokenize_s = np.bincount(g_req, weights=np.repeat(block_detok, batch), minlength=n)
         between = self._gaps_between(client, g_req, g_first, g_last)
-        del g_first, g_last, g_req
-        self._ends, self._members = array("d"), array("q")
+        del g_first, g_last
+        t.itl_s.add(between, np.ones(len(between), np.int64))
         within = self._gaps_within(client, first, lengths, batch)
-        once = np.ones(len(between), np.int32)
-        itl = WeightedSamples.join([WeightedSamples(between, once), within])
-        del between, within, once
-        itl = itl.sorted()
-        return Delivered(
-            client, output_tokens, detokenize_s, itl, served.queue_times, served.queue_lengths
-        )
+        t.itl_s.add(within.values, within.counts)
+        chunk = DeliveredChunk(self.delivered_steps, server, client, g_req)
+        self.delivered_steps = self.num_steps
+        self._clear()
+        return chunk
 
-    @staticmethod
     def _gaps_between(
-        client: np.ndarray, g_req: np.ndarray, g_first: np.ndarray, g_last: np.ndarray
+        self, client: np.ndarray, g_req: np.ndarray, g_first: np.ndarray, g_last: np.ndarray
     ) -> np.ndarray:
-        """Gaps between each request's consecutive chunk groups (recorded in time order)."""
+        """Gaps between each request's consecutive chunk groups (recorded in time order), the
+        first against its latest group of an earlier flush; moves ``last_client`` on."""
+        last_client = self.totals.last_client
         order = np.argsort(g_req, kind="stable")
         req = g_req[order]
         same = req[1:] == req[:-1]
-        del req
+        head = np.concatenate(([True], ~same))  # each request's first group here
+        tail = np.concatenate((~same, [True]))  # and its last
+        earlier = last_client[req[head]]
+        seen = ~np.isnan(earlier)
+        first_gaps = client[g_first[order[head][seen]]] - earlier[seen]
         after = g_first[order[1:][same]]
         before = g_last[order[:-1][same]]
-        gaps: np.ndarray = client[after] - client[before]
-        return gaps
+        last_client[req[tail]] = client[g_last[order[tail]]]
+        return np.concatenate([first_gaps, client[after] - client[before]])
 
     @staticmethod
     def _gaps_within(
         client: np.ndarray, first: np.ndarray, lengths: np.ndarray, batch: np.ndarray
     ) -> WeightedSamples:
         """The step gaps inside each run, once per request of the run."""
-        weight = np.repeat(np.where(lengths >= 2, batch, 0).astype(np.int32), lengths)
-        weight[first + lengths - 1] = 0  # from a block's last step on is not inside it
+        weight = np.repeat(np.where(lengths >= 2, batch, 0).astype(np.int64), lengths)
+        if len(weight):
+            weight[first + lengths - 1] = 0  # from a block's last step on is not inside it
         inside = np.flatnonzero(weight[:-1])
         return WeightedSamples(client[inside + 1] - client[inside], weight[inside])

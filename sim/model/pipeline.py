@@ -24,7 +24,7 @@ run.
 from __future__ import annotations
 
 import math
-from collections.abc import Generator, Iterable
+from collections.abc import Generator
 from dataclasses import replace
 from typing import Any
 
@@ -35,7 +35,7 @@ from schema.traces.record import TraceRequest
 from sim.costs.base import CpuCosts, GpuCostModel
 from sim.model.frontend import front_times
 from sim.model.recorded_stages import RecordedStages
-from sim.model.replica import Progress, Replica, RequestRecords
+from sim.model.replica import Progress, Replica, RequestRecords, Streams
 from sim.model.scheduler_loop import LoopSettings
 
 FRONT_FIELDS = ("arrival", "parsed", "tokenizer_enter", "tokenize_start", "tokenized",
@@ -65,7 +65,7 @@ def _landing_times(times: list[float], start: float) -> list[float]:
 
 class Pipeline(Replica):
     """One replay on one server: build it, ``run()`` it, then read its per-request, step and
-    queue records."""
+    queue records (the tables as ``streams`` took them)."""
 
     def __init__(
         self,
@@ -78,8 +78,9 @@ class Pipeline(Replica):
         loop: LoopSettings = LoopSettings(),
         progress: Progress | None = None,
         stages: RecordedStages | None = None,
+        streams: Streams = Streams(),
     ) -> None:
-        records = RequestRecords(requests)
+        records = RequestRecords(requests, streams)
         self.front = front_times(requests, cpu, num_tokenizers)
         if stages is not None:  # a run's own intake and ways out (sim.model.recorded_stages)
             reached = stages.intake(self.front.sched_arrival, cpu.ipc)
@@ -99,7 +100,7 @@ class Pipeline(Replica):
         self.env.process(self._arrivals())
         loop = self.env.process(self.loop.run())
         self.env.run(until=loop)
-        self.deliver()
+        self.finish()
 
     def _arrivals(self) -> Generator[simpy.Event, Any, None]:
         """Requests reach the scheduler at their ``sched_arrival`` (``sim.model.frontend``), as
@@ -125,9 +126,6 @@ class Pipeline(Replica):
     def nothing_to_come(self) -> bool:
         """No request is on its way to the scheduler."""
         return self._not_arrived == 0 and not self._inbox
-
-    def members(self) -> Iterable[int]:
-        return range(len(self.trace))
 
     def front_queue_samples(self, stage: str) -> tuple[np.ndarray, np.ndarray]:
         return self.front.queue_samples(stage)

@@ -9,14 +9,16 @@ several behind the router, fed as the router places requests).
 
 Per-request records (``RequestRecords``, by index in the trace) are shared by
 the replicas of a cluster: each request is written by the one replica that
-serves it.
+serves it. Every ``Streams.flush_steps`` steps a replica writes its step rows
+out and times its token deliveries so far; the requests that became final
+then, in trace order up to the first that is not, go to ``Streams.requests``.
 """
 
 from __future__ import annotations
 
 import math
-from array import array
-from collections.abc import Iterable
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -34,11 +36,11 @@ from core.scheduler import (
 )
 from core.scheduler.shape import StepShape
 from schema.metrics import SERVER_TOKEN_COLUMNS, TIME_COLUMNS
-from schema.samples import WeightedSamples
 from schema.steplog import StepLog
+from schema.tables import MemoryTable, TableWriter
 from schema.traces.record import TraceRequest
 from sim.costs.base import CpuCosts, GpuCostModel
-from sim.model.delivery import Delivered, TokenDelivery
+from sim.model.delivery import RequestTotals, TokenDelivery
 from sim.model.recorded_stages import RecordedStages
 from sim.model.scheduler_loop import LoopSettings, SimSchedulerLoop
 
@@ -55,21 +57,49 @@ class Progress:
         pass
 
 
-class RequestRecords:
-    """Per request (trace order): stage times, status, cached tokens, preemptions, and the
-    delivery steps of its first and last token (in its replica's delivery)."""
+FLUSH_STEPS = 1 << 18
+"""Steps between two writes of a replica's tables (memory holds about one chunk of them)."""
 
-    def __init__(self, requests: list[TraceRequest]) -> None:
+
+@dataclass(frozen=True, slots=True)
+class Streams:
+    """Where a replay's tables go as it runs: each replica's step table (a new writer per
+    replica), the rows ``[a, b)`` of the trace that became final (``requests``), and how
+    many steps a replica records between two writes."""
+
+    step_table: Callable[[], TableWriter] = MemoryTable
+    requests: Callable[[int, int], None] = field(default=lambda a, b: None)
+    flush_steps: int = FLUSH_STEPS
+
+
+class RequestRecords:
+    """Per request (trace order): stage times, status, cached tokens, preemptions, the
+    delivery steps of its first and last token (in its replica's delivery), what its
+    deliveries add up to (``totals``), and whether its record is final (``done``)."""
+
+    def __init__(self, requests: list[TraceRequest], streams: Streams = Streams()) -> None:
         n = len(requests)
         self.trace = requests
+        self.streams = streams
         self.index = {r.rid: i for i, r in enumerate(requests)}
-        self.times: dict[str, Any] = {f: array("d", [NAN]) * n for f in TIME_FIELDS}
+        self.times: dict[str, Any] = {f: np.full(n, NAN) for f in TIME_FIELDS}
         self.status = ["pending"] * n
         self.reason = [""] * n
         self.cached_tokens = [0] * n
         self.preemptions = [0] * n
-        self.first_step = [-1] * n  # delivery step of each request's first token
-        self.finish_step = [-1] * n  # delivery step that finished it, if it carried tokens
+        self.first_step = np.full(n, -1, dtype=np.int64)  # delivery step of its first token
+        self.finish_step = np.full(n, -1, dtype=np.int64)  # the step that finished it
+        self.totals = RequestTotals(n)
+        self.done = np.zeros(n, dtype=bool)
+        self.written = 0  # requests [0, written) went to ``streams.requests``
+
+    def write_final(self) -> None:
+        """Hand on the requests from ``written`` up to the first that is not final."""
+        rest = self.done[self.written :]  # no copy: this runs at every flush of a long run
+        end = len(self.done) if rest.all() else self.written + int(np.argmin(rest))
+        if end > self.written:
+            self.streams.requests(self.written, end)
+            self.written = end
 
 
 class Replica:
@@ -101,9 +131,10 @@ class Replica:
         self.cpu = cpu
         self.progress = progress or Progress()
         self.reqs: dict[int, Request] = {}  # requests the core holds, by index
-        self.steps = StepLog(scheduler.config.pages)
-        self.delivery = TokenDelivery(len(records.trace), cpu.ipc, cpu.detokenize, cpu.stream)
-        self.delivered: Delivered | None = None
+        self.flush_steps = records.streams.flush_steps
+        self.steps = StepLog(scheduler.config.pages, records.streams.step_table(), self.flush_steps)
+        self.delivery = TokenDelivery(records.totals, cpu.ipc, cpu.detokenize, cpu.stream)
+        self.finished_run = False
         self.recorded_out: RecordedStages | None = None  # recorded ways out (the subclass's)
         self.queue_samples: list[tuple[float, str, int]] = []
         self._sched_waiting = -1
@@ -118,10 +149,6 @@ class Replica:
 
     def nothing_to_come(self) -> bool:
         """No request is on its way to the scheduler, nor can one come any more."""
-        raise NotImplementedError
-
-    def members(self) -> Iterable[int]:
-        """The indices of the requests this replica served."""
         raise NotImplementedError
 
     def front_queue_samples(self, stage: str) -> tuple[np.ndarray, np.ndarray]:
@@ -158,6 +185,7 @@ class Replica:
                 self.status[i] = "rejected"
                 self.reason[i] = str(exc)
                 times["finished"][i] = self.env.now
+                self.records.done[i] = True
                 self.ended(i, True)
                 continue
             self.reqs[i] = req
@@ -218,6 +246,10 @@ class Replica:
             self.delivery.step(end, members)
             for i in finished:
                 self.finish_step[i] = g
+        else:
+            self.records.done[finished] = True
+        if self.delivery.pending >= self.flush_steps:
+            self.deliver()
 
     def record_run(
         self, run: DecodeRun, starts: np.ndarray, durations: np.ndarray, stats: SchedulerStats
@@ -242,6 +274,8 @@ class Replica:
         """One token per request in ``rids`` leaving the engine at each time of ``leave``."""
         index = self.index
         self.delivery.run(leave, [index[rid] for rid in rids])
+        if self.delivery.pending >= self.flush_steps:
+            self.deliver()
 
     def sample_scheduler_queue(self, now: float) -> None:
         waiting = self.sched.num_waiting + len(self._inbox)
@@ -251,30 +285,36 @@ class Replica:
 
     # ------------------------------------------------------------------ results
     def deliver(self) -> None:
-        """Time the recorded token deliveries; fill the client-side times of its requests and
-        the server's times of their first and last token. With ``recorded_out``, a request's
-        client times are its server times plus its recorded ways out, where recorded."""
-        server = self.delivery.step_ends()
-        delivered = self.delivered = self.delivery.deliver()
-        client = delivered.client
-        t = self.times
-        first_token, finished = t["first_token"], t["finished"]
-        server_first, server_last = t["server_first_token"], t["server_last_token"]
-        first_step, finish_step = self.first_step, self.finish_step
-        for i in self.members():
-            g = first_step[i]
-            if g >= 0:
-                first_token[i] = float(client[g])
-                server_first[i] = float(server[g])
-            g = finish_step[i]
-            if g >= 0:
-                finished[i] = float(client[g])
-                server_last[i] = float(server[g])
+        """Time the token deliveries recorded so far; fill the client-side times of the
+        requests they served and the server's times of their first and last token, and hand
+        on the requests that became final. With ``recorded_out``, a request's client times
+        are its server times plus its recorded ways out, where recorded."""
+        chunk = self.delivery.flush()
+        end = chunk.first_step + len(chunk.client)
+        served = np.unique(chunk.members)
+        for steps, column, server_column in (
+            (self.first_step, "first_token", "server_first_token"),
+            (self.finish_step, "finished", "server_last_token"),
+        ):
+            g = steps[served]
+            here = (g >= chunk.first_step) & (g < end)
+            at = g[here] - chunk.first_step
+            self.times[column][served[here]] = chunk.client[at]
+            self.times[server_column][served[here]] = chunk.server[at]
         if self.recorded_out is not None:
-            self.recorded_out.deliver(t, self.members())
+            self.recorded_out.deliver(self.times, served)
+        g = self.finish_step[served]
+        self.records.done[served[(g >= 0) & (g < end)]] = True
+        self.records.write_final()
 
-    def itl(self) -> WeightedSamples:
-        """Pooled gaps between consecutive streamed chunks of each request (after the run)."""
-        if self.delivered is None:
-            raise RuntimeError("itl() before run()")
-        return self.delivered.itl_s
+    def finish(self) -> None:
+        """After the run: deliver the rest, and write the rest of the step table."""
+        self.deliver()
+        self.steps.close()
+        self.finished_run = True
+
+    def detokenizer_queue(self) -> tuple[np.ndarray, np.ndarray]:
+        """(time, messages waiting) of the detokenizer at each change (after the run)."""
+        if not self.finished_run:
+            raise RuntimeError("detokenizer_queue() before the run ended")
+        return self.delivery.detokenizer.queue()
