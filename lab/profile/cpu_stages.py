@@ -5,7 +5,12 @@
   for prompts as ``engine bench`` makes them (1024 tokens of one-token words), a
   new prompt each call so that no call finds the words of the one before in the
   tokenizer's cache; seconds per input token. These prompts tokenize about 1.4x
-  slower per token than English prose on the machines measured here.
+  slower per token than English prose on the machines measured here. Each call
+  comes after ``TOKENIZE_IDLE_S`` of idling, as a serving worker meets a request
+  between arrivals: called back to back the same work runs on warm caches (on the
+  2-core development machine, 1,024 tokens: 2.1-2.6 ms back to back, 2.9-3.0 ms
+  after 0.1 s idle, 4.3 ms inside a live server; 2.7 against 7.0 ms while other
+  processes compete for the cores).
 - ``detokenize``: the detokenizer process's work on one scheduler step's
   ``TokenBatch`` of 32 one-token items: decode the message, ``Detokenizer.process``
   (incremental decode, stop strings), encode the ``TextBatch``; seconds per token.
@@ -64,6 +69,10 @@ def repeat_times(fn: Callable[[], object], repeats: int) -> list[float]:
     return times
 
 
+TOKENIZE_IDLE_S = 0.1
+"""Idle time before each timed tokenization (a worker between requests at ~10 requests/s)."""
+
+
 def measure_tokenize(
     tokenizer: Any, cfg: ServeConfig, repeats: int, tokens: int = 1024
 ) -> StageCost:
@@ -84,6 +93,7 @@ def measure_tokenize(
     ]
     per_token = []
     for i, data in enumerate(payloads):
+        time.sleep(TOKENIZE_IDLE_S)
         start = time.perf_counter()
         req = messages.decode(data)
         assert isinstance(req, messages.GenerateRequest)

@@ -7,6 +7,7 @@ from pathlib import Path
 
 from engine.ipc.config import ServeConfig
 from lab.profile.cpu_stages import (
+    TOKENIZE_IDLE_S,
     measure_detokenize,
     measure_ipc,
     measure_schedule,
@@ -36,7 +37,7 @@ def measure_stages(cfg: ServeConfig, repeats: int, info: dict[str, str]) -> list
     costs += [per_step, per_request]
     info["cpu_stages"] = (
         f"tokenizer {cfg.tokenizer_path}; tokenize = the worker's work on a "
-        "new 1024-token engine bench prompt, per token; "
+        f"new 1024-token engine bench prompt after {TOKENIZE_IDLE_S:g} s idle, per token; "
         "detokenize = TokenBatch of 32 one-token items through Detokenizer.process, per token; "
         "ipc = half a ZeroMQ ipc:// round trip of a 1024-id TokenizedRequest; "
         f"frontend + stream = CPU time of the real app's event loop for {CONCURRENCY} "
