@@ -74,7 +74,8 @@ others are int64."""
 
 def read_step_record(path: Path) -> pd.DataFrame:
     """A step record as a frame with ``STEP_RECORD_COLUMNS`` in order, typed as ``FLOAT_COLUMNS``
-    says; ``ValueError`` naming ``path`` when its header or a cell does not fit."""
+    says, its steps in step order; ``ValueError`` naming ``path`` when its header or a cell
+    does not fit or a step lacks one of its times."""
     import pandas as pd
 
     with path.open(newline="") as f:
@@ -86,6 +87,9 @@ def read_step_record(path: Path) -> pd.DataFrame:
         )
     dtypes = {c: "float64" if c in FLOAT_COLUMNS else "int64" for c in STEP_RECORD_COLUMNS}
     try:
-        return pd.read_csv(path, dtype=dtypes)
+        frame = pd.read_csv(path, dtype=dtypes)
     except ValueError as exc:
         raise ValueError(f"{path}: a cell is not a number of its column's type: {exc}") from None
+    if frame[list(TIME_COLUMNS)].isna().to_numpy().any():
+        raise ValueError(f"{path}: a step lacks one of its times")
+    return frame.sort_values("step", kind="stable").reset_index(drop=True)

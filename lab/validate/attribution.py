@@ -48,11 +48,11 @@ import pandas as pd
 
 from lab.validate.compare import THROUGHPUTS
 from lab.validate.step_errors import format_step_errors, step_errors
-from schema.steprecord import STEP_RECORD_NAME
+from schema.steprecord import STEP_RECORD_NAME, read_step_record
 from schema.traces import Trace
 from sim.config import SimConfig
 from sim.costs.base import CpuCosts, GpuCostModel
-from sim.costs.recorded import RecordedCostModel, read_step_record
+from sim.costs.recorded import RecordedCostModel
 from sim.model.recorded_stages import RecordedStages, at_send_times
 from sim.replay import build_costs, run_replay
 

@@ -41,13 +41,12 @@ the same trace:
 from __future__ import annotations
 
 from collections import deque
-from pathlib import Path
 
 import numpy as np
 import pandas as pd
 
 from core.scheduler.shape import StepShape
-from schema.steprecord import SHAPE_COLUMNS, STEP_RECORD_COLUMNS
+from schema.steprecord import SHAPE_COLUMNS
 from sim.costs.base import GpuCostModel
 
 KINDS = ("decode", "mixed", "prefill")
@@ -72,18 +71,6 @@ def band(n: int) -> str:
         return f"{lower[-1]}+"
     upper = BAND_EDGES[i + 1] - 1
     return str(lower[-1]) if upper == lower[-1] else f"{lower[-1]}-{upper}"
-
-
-def read_step_record(path: Path) -> pd.DataFrame:
-    """An ``engine_steps.csv``, checked: every column, finite times, in step order."""
-    frame = pd.read_csv(path)
-    missing = [c for c in STEP_RECORD_COLUMNS if c not in frame.columns]
-    if missing:
-        raise ValueError(f"{path}: not a step record, it lacks the columns {missing}")
-    times = frame[["schedule_start", "schedule_end", "launched", "done"]].to_numpy(np.float64)
-    if not np.isfinite(times).all():
-        raise ValueError(f"{path}: a step lacks one of its times")
-    return frame.sort_values("step", kind="stable").reset_index(drop=True)
 
 
 def shapes_of(record: pd.DataFrame) -> list[StepShape]:
