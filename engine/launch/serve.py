@@ -260,10 +260,15 @@ def serve_main(argv: list[str] | None = None) -> int:
     try:
         launcher.start()
         ready = launcher.wait_ready(ctx, args.ready_timeout)
-        # the core's settings as rank 0 (of replica 0) runs them (the pool it sized included)
-        info = ready[cfg.child_name("scheduler", 0)].info
-        cfg.scheduler = msgspec.convert(info["scheduler"], SchedulerConfig)
-        status = run_frontend(cfg, launcher, listener)
+        # the core's settings as each replica's rank 0 runs them (the pool it sized included)
+        pools = {
+            r: msgspec.convert(
+                ready[cfg.child_name("scheduler", 0, r)].info["scheduler"], SchedulerConfig
+            )
+            for r in range(cfg.dp_size)
+        }
+        cfg.scheduler = pools[0]
+        status = run_frontend(cfg, launcher, listener, pools)
     except ChildDied as exc:
         log.error("%s", exc)
         status = 1
@@ -336,12 +341,18 @@ class EngineServer(uvicorn.Server):
         await super().shutdown(sockets)
 
 
-def run_frontend(cfg: ServeConfig, launcher: Launcher, listener: socket.socket) -> int:
-    """Serve HTTP in this process until told to stop; 1 if a child died."""
+def run_frontend(
+    cfg: ServeConfig,
+    launcher: Launcher,
+    listener: socket.socket,
+    pools: dict[int, SchedulerConfig],
+) -> int:
+    """Serve HTTP in this process until told to stop; 1 if a child died. ``pools``: each
+    replica's scheduler settings, as it reported them ready."""
     from engine.server.app import create_app
     from engine.server.logs import uvicorn_log_config
 
-    app = create_app(cfg, health=lambda: launcher.dead)
+    app = create_app(cfg, health=lambda: launcher.dead, pools=pools)
     ctx = app.state.ctx
     config = uvicorn.Config(
         app,

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import logging
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Mapping
 from contextlib import asynccontextmanager
 
 from fastapi import FastAPI
@@ -12,6 +12,7 @@ from fastapi.responses import JSONResponse, Response
 from starlette.exceptions import HTTPException
 from starlette.requests import Request
 
+from core.scheduler.config import SchedulerConfig
 from engine.ipc.config import ServeConfig
 from engine.ipc.heap import freeze_heap
 from engine.server import native, openai_api
@@ -26,10 +27,16 @@ log = logging.getLogger(__name__)
 CLIENT_CLOSED = 499
 
 
-def create_app(cfg: ServeConfig, health: Callable[[], str | None]) -> FastAPI:
-    """The app; its lifespan opens the sockets to the tokenizers and from the pipeline."""
+def create_app(
+    cfg: ServeConfig,
+    health: Callable[[], str | None],
+    pools: Mapping[int, SchedulerConfig] | None = None,
+) -> FastAPI:
+    """The app; its lifespan opens the sockets to the tokenizers and from the pipeline.
+    ``pools``: each replica's scheduler settings as it reported them ready (its KV pool
+    sizes are in ``/metrics`` from the start)."""
     metrics = ServerMetrics(cfg.model)
-    frontend = Frontend(cfg, metrics)
+    frontend = Frontend(cfg, metrics, pools or {})
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:

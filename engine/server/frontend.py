@@ -24,10 +24,12 @@ import logging
 import math
 import time
 from collections import deque
+from collections.abc import Mapping
 
 import zmq
 import zmq.asyncio
 
+from core.scheduler.config import SchedulerConfig
 from engine.ipc import messages
 from engine.ipc.config import ServeConfig
 from engine.server.errors import APIError
@@ -144,7 +146,9 @@ class RequestStream:
 class Frontend:
     """The pipeline as the routes see it: admit, submit, abort, and fail everything at shutdown."""
 
-    def __init__(self, cfg: ServeConfig, metrics: ServerMetrics) -> None:
+    def __init__(
+        self, cfg: ServeConfig, metrics: ServerMetrics, pools: Mapping[int, SchedulerConfig]
+    ) -> None:
         self.cfg = cfg
         self.metrics = metrics
         self.streams: dict[str, RequestStream] = {}
@@ -159,7 +163,7 @@ class Frontend:
         self._task: asyncio.Task[None] | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         metrics.track_open(lambda: len(self.streams))
-        metrics.track_replicas(self.replicas)
+        metrics.track_replicas(self.replicas, pools)
 
     async def start(self) -> None:
         self._loop = asyncio.get_running_loop()
