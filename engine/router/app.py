@@ -1,95 +1,93 @@
-"""The router's FastAPI app: forward generation requests to the worker the core picks.
+"""The router's aiohttp app: forward generation requests to the worker the core picks.
 
 A worker that cannot be reached before anything was sent is marked dead and
 the request tries the next worker; one that breaks off afterwards fails that
 request with a 502 (or, mid-stream, an SSE ``error`` event). A worker's own
-errors (4xx, 5xx) come back as they are.
+errors (4xx, 5xx) come back as they are. A client that goes away cancels its
+handler (the app runs with ``handler_cancellation``), which closes the
+worker's connection and so aborts the request there.
 """
 
 from __future__ import annotations
 
-import asyncio
 import json
 import logging
-from collections.abc import AsyncIterator, Callable
-from contextlib import asynccontextmanager
+from collections.abc import Awaitable, Callable
 
-from fastapi import FastAPI
-from fastapi.responses import JSONResponse, Response
-from starlette.exceptions import HTTPException
-from starlette.requests import Request
+from aiohttp import web
 
 from core.router import Health, NoWorkerAvailable
+from engine.ipc.config import MAX_REQUEST_BYTES
 from engine.router import metrics
 from engine.router.keys import route_request
 from engine.router.service import RouterService
 from engine.router.upstream import END, Exchange, Failure, Head
 from engine.server.errors import error_body
-from engine.server.sse import SSEResponse
 
 log = logging.getLogger("engine.router")
 FORWARDED_PATHS = ("/v1/chat/completions", "/v1/completions", "/generate")
+SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 
-def error(message: str, status: int, code: str | None = None) -> JSONResponse:
+def error(message: str, status: int, code: str | None = None) -> web.Response:
     headers = {"Retry-After": "1"} if status == 503 else None
-    return JSONResponse(error_body(message, status, code=code), status_code=status, headers=headers)
+    return web.json_response(error_body(message, status, code=code), status=status, headers=headers)
 
 
-def create_app(service: RouterService, on_ready: Callable[[], None] | None = None) -> FastAPI:
-    @asynccontextmanager
-    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        await service.probe_all()
-        checker = asyncio.create_task(service.health_loop())
-        if on_ready is not None:
-            on_ready()
-        try:
-            yield
-        finally:
-            checker.cancel()
-            await service.close()
+@web.middleware
+async def json_errors(request: web.Request, handler: Handler) -> web.StreamResponse:
+    """aiohttp's own 4xx (no such path, wrong method, body too large) as JSON error bodies."""
+    try:
+        return await handler(request)
+    except web.HTTPException as exc:
+        if exc.status < 400:
+            raise
+        return error(exc.reason, exc.status)
 
-    app = FastAPI(title="engine router", lifespan=lifespan)
-    app.state.service = service
 
-    @app.exception_handler(HTTPException)
-    async def on_http_error(request: Request, exc: HTTPException) -> Response:
-        return error(str(exc.detail), exc.status_code)
+def create_app(service: RouterService) -> web.Application:
+    app = web.Application(client_max_size=MAX_REQUEST_BYTES, middlewares=[json_errors])
+
+    async def forward_to_worker(request: web.Request) -> web.StreamResponse:
+        return await forward(service, request)
 
     for path in FORWARDED_PATHS:
-        app.add_api_route(path, forward, methods=["POST"], include_in_schema=False)
+        app.router.add_post(path, forward_to_worker)
 
-    @app.get("/health")
-    async def health() -> Response:
+    async def health(request: web.Request) -> web.Response:
         states = {s.worker: s.health.value for s in service.core.stats()}
         if service.draining:
-            return JSONResponse({"status": "draining", "workers": states}, status_code=503)
+            return web.json_response({"status": "draining", "workers": states}, status=503)
         if Health.HEALTHY not in states.values():
-            return JSONResponse({"status": "no healthy worker", "workers": states}, 503)
-        return JSONResponse({"status": "ok", "workers": states})
+            return web.json_response({"status": "no healthy worker", "workers": states}, status=503)
+        return web.json_response({"status": "ok", "workers": states})
 
-    @app.get("/metrics")
-    async def get_metrics() -> Response:
-        return Response(metrics.render(service), media_type=metrics.CONTENT_TYPE)
+    async def get_metrics(request: web.Request) -> web.Response:
+        return web.Response(
+            text=metrics.render(service), headers={"Content-Type": metrics.CONTENT_TYPE}
+        )
 
-    @app.get("/v1/models")
-    async def models() -> Response:
+    async def models(request: web.Request) -> web.Response:
         for stat in service.core.stats():
             if stat.health is Health.HEALTHY:
                 try:
-                    r = await service.client.get(f"{stat.worker}/v1/models", timeout=10)
+                    async with service.session.get(f"{stat.worker}/v1/models") as reply:
+                        body, status = await reply.read(), reply.status
                 except Exception as exc:
                     log.warning("GET /v1/models on %s failed: %s", stat.worker, exc)
                     continue
-                return Response(r.content, r.status_code, media_type="application/json")
+                return web.Response(body=body, status=status, content_type="application/json")
         return error("no healthy worker to list the models", 503)
 
+    app.router.add_get("/health", health)
+    app.router.add_get("/metrics", get_metrics)
+    app.router.add_get("/v1/models", models)
     return app
 
 
-async def forward(request: Request) -> Response:
-    service: RouterService = request.app.state.service
-    body = await request.body()
+async def forward(service: RouterService, request: web.Request) -> web.StreamResponse:
+    body = await request.read()
     try:
         payload = json.loads(body)
     except (ValueError, UnicodeDecodeError) as exc:
@@ -110,7 +108,7 @@ async def forward(request: Request) -> Response:
             service.rejected["no_worker"] += 1
             return error("no healthy worker to serve this request", 503, "no_worker")
         exchange = service.open(route.rid, worker)
-        exchange.start(request.url.path, body, dict(request.headers))
+        exchange.start(request.path, body, request.headers)
         first = await exchange.next()
         if isinstance(first, Failure) and first.connect:
             service.end(route.rid, finished=False)
@@ -124,11 +122,11 @@ async def forward(request: Request) -> Response:
         return error(first.message, 502, "worker_failed")
     assert isinstance(first, Head)
     if first.status == 200 and first.content_type.startswith("text/event-stream"):
-        return SSEResponse(stream(service, route.rid, exchange))
+        return await stream(service, route.rid, exchange, request, first)
     return await collect(service, route.rid, exchange, first)
 
 
-async def collect(service: RouterService, rid: str, exchange: Exchange, head: Head) -> Response:
+async def collect(service: RouterService, rid: str, exchange: Exchange, head: Head) -> web.Response:
     """The whole body of a non-streamed answer (or a worker's error), passed on as it is."""
     chunks: list[bytes] = []
     try:
@@ -145,25 +143,34 @@ async def collect(service: RouterService, rid: str, exchange: Exchange, head: He
     finally:
         await exchange.close()
     service.end(rid, finished=head.status == 200)
-    return Response(b"".join(chunks), head.status, media_type=head.content_type or None)
+    headers = {"Content-Type": head.content_type} if head.content_type else None
+    return web.Response(body=b"".join(chunks), status=head.status, headers=headers)
 
 
-async def stream(service: RouterService, rid: str, exchange: Exchange) -> AsyncIterator[bytes]:
+async def stream(
+    service: RouterService, rid: str, exchange: Exchange, request: web.Request, head: Head
+) -> web.StreamResponse:
     """The worker's SSE bytes as they come; a failure becomes an ``error`` event, then the end."""
+    response = web.StreamResponse(headers={**SSE_HEADERS, "Content-Type": head.content_type})
     finished = False
     try:
+        await response.prepare(request)
         while True:
             item = await exchange.next()
             if isinstance(item, Failure):
                 service.suspect(exchange.worker)
                 event = error_body(item.message, 502, code="worker_failed")
-                yield b"data: " + json.dumps(event).encode() + b"\n\n"
-                return
+                await response.write(b"data: " + json.dumps(event).encode() + b"\n\n")
+                break
             if item == END:
                 finished = True
-                return
+                break
             assert isinstance(item, bytes)
-            yield item
+            await response.write(item)
+        await response.write_eof()
+    except ConnectionResetError:
+        log.debug("request %s: the client went away", rid)
     finally:
         await exchange.close()
         service.end(rid, finished)
+    return response

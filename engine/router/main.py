@@ -5,17 +5,19 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
+import signal
+import socket
 import sys
+from collections.abc import Callable
 from dataclasses import fields
-from types import FrameType
 
-import uvicorn
+from aiohttp import web
 
 from core.router import POLICIES, RouterConfig
 from engine.router.app import create_app
 from engine.router.service import HealthCheck, RouterService
 from engine.server.listener import bind_listener
-from engine.server.logs import configure_logging, uvicorn_log_config
+from engine.server.logs import configure_logging
 
 log = logging.getLogger("engine.router")
 CONFIG_FLAGS = (
@@ -81,30 +83,47 @@ def worker_url(text: str) -> str:
     return url
 
 
-class DrainingServer(uvicorn.Server):
-    """SIGTERM or SIGINT: refuse new requests (503), wait for the open ones up to
-    ``drain_timeout``, then stop. A second signal stops at once."""
+async def serve(
+    service: RouterService, listener: socket.socket, drain_timeout: float, ready: Callable[[], None]
+) -> None:
+    """Serve on ``listener`` until a signal: SIGTERM or SIGINT refuses new requests (503),
+    waits for the open ones up to ``drain_timeout``, then stops; a second signal stops at once.
+    Whatever is still open then fails with an error."""
+    loop = asyncio.get_running_loop()
+    stop = asyncio.Event()
 
-    def __init__(self, config: uvicorn.Config, service: RouterService, drain_timeout: float):
-        super().__init__(config)
-        self.service = service
-        self.drain_timeout = drain_timeout
-        self.loop: asyncio.AbstractEventLoop | None = None
-
-    def handle_exit(self, sig: int, frame: FrameType | None) -> None:
-        if self.service.draining or self.loop is None:
-            super().handle_exit(sig, frame)
+    def on_signal() -> None:
+        if service.draining:
+            stop.set()
             return
-        self.service.draining = True
-        self.loop.call_soon_threadsafe(lambda: self.loop and self.loop.create_task(self.drain()))
+        service.draining = True
+        drainer = loop.create_task(drain(service, drain_timeout))
+        drainer.add_done_callback(lambda _: stop.set())
 
-    async def drain(self) -> None:
-        open_now = self.service.core.outstanding
-        log.info("draining: %d open requests, up to %.1f s", open_now, self.drain_timeout)
-        deadline = self.service.now() + self.drain_timeout
-        while self.service.core.outstanding and self.service.now() < deadline:
-            await asyncio.sleep(0.05)
-        self.should_exit = True
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, on_signal)
+    await service.start()
+    await service.probe_all()
+    checker = loop.create_task(service.health_loop())
+    runner = web.AppRunner(
+        create_app(service), handler_cancellation=True, access_log=None, shutdown_timeout=2
+    )
+    await runner.setup()
+    await web.SockSite(runner, listener).start()
+    ready()
+    try:
+        await stop.wait()
+    finally:
+        checker.cancel()
+        await service.close()
+        await runner.cleanup()
+
+
+async def drain(service: RouterService, timeout: float) -> None:
+    log.info("draining: %d open requests, up to %.1f s", service.core.outstanding, timeout)
+    deadline = service.now() + timeout
+    while service.core.outstanding and service.now() < deadline:
+        await asyncio.sleep(0.05)
 
 
 def router_main(argv: list[str]) -> int:
@@ -112,7 +131,6 @@ def router_main(argv: list[str]) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     configure_logging(args.log_level, "router")
-    logging.getLogger("httpx").setLevel(logging.WARNING)
     try:
         workers = [worker_url(w) for w in args.worker]
         if len(set(workers)) != len(workers):
@@ -133,21 +151,7 @@ def router_main(argv: list[str]) -> int:
     def ready() -> None:
         print(f"engine router ({config.policy}) at http://{host}:{port}", flush=True)
 
-    app = create_app(service, on_ready=ready)
-    uv = uvicorn.Config(
-        app,
-        log_level="warning",
-        timeout_graceful_shutdown=2,
-        lifespan="on",
-        log_config=uvicorn_log_config(),
-    )
-    server = DrainingServer(uv, service, args.drain_timeout)
-
-    async def run() -> None:
-        server.loop = asyncio.get_running_loop()
-        await server.serve(sockets=[listener])
-
-    asyncio.run(run())
+    asyncio.run(serve(service, listener, args.drain_timeout, ready))
     return 0
 
 

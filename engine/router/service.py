@@ -1,7 +1,9 @@
 """The router's state in the server: the core, the workers' client, the open exchanges, health.
 
 All of it lives on the one event loop; the core is told the time from the
-monotonic clock (seconds since the router started).
+monotonic clock (seconds since the router started). The workers' client is an
+aiohttp session with no limit on open connections (a request never waits for a
+free one, and neither does a health check), opened by ``start`` on the loop.
 """
 
 from __future__ import annotations
@@ -12,7 +14,7 @@ import time
 from collections import Counter
 from dataclasses import dataclass
 
-import httpx
+import aiohttp
 
 from core.router import Health, Router, RouterConfig
 from engine.router.upstream import Exchange
@@ -36,7 +38,7 @@ class RouterService:
     def __init__(self, workers: list[str], config: RouterConfig, check: HealthCheck) -> None:
         self.core = Router(config, workers)
         self.check = check
-        self.client = httpx.AsyncClient(timeout=httpx.Timeout(None, connect=check.timeout_s))
+        self._session: aiohttp.ClientSession | None = None
         self.exchanges: dict[str, Exchange] = {}
         self.misses: Counter[str] = Counter()
         self.worker_failures: Counter[str] = Counter()
@@ -46,6 +48,18 @@ class RouterService:
         self._next_rid = 0
         self._probes: set[asyncio.Task[None]] = set()
 
+    async def start(self) -> None:
+        """Open the workers' client (on the running loop)."""
+        self._session = aiohttp.ClientSession(
+            connector=aiohttp.TCPConnector(limit=0, ttl_dns_cache=None),
+            timeout=aiohttp.ClientTimeout(total=None, connect=self.check.timeout_s),
+        )
+
+    @property
+    def session(self) -> aiohttp.ClientSession:
+        assert self._session is not None, "RouterService.start() opens the client"
+        return self._session
+
     def now(self) -> float:
         return time.monotonic() - self._t0
 
@@ -54,7 +68,7 @@ class RouterService:
         return f"router-{self._next_rid}"
 
     def open(self, rid: str, worker: str) -> Exchange:
-        exchange = Exchange(self.client, worker)
+        exchange = Exchange(self.session, worker)
         self.exchanges[rid] = exchange
         return exchange
 
@@ -77,24 +91,26 @@ class RouterService:
                 exchange.fail(f"worker {worker} is down ({reason}); request {rid} failed")
 
     async def probe(self, worker: str) -> None:
+        timeout = aiohttp.ClientTimeout(total=self.check.timeout_s)
         try:
-            response = await self.client.get(f"{worker}/health", timeout=self.check.timeout_s)
-        except httpx.ConnectError:
+            async with self.session.get(f"{worker}/health", timeout=timeout) as response:
+                status, text = response.status, await response.text()
+        except aiohttp.ClientConnectorError:
             self.mark_dead(worker, "nothing listens at its address")
             return
-        except httpx.HTTPError as exc:
+        except (aiohttp.ClientError, TimeoutError) as exc:
             self.missed(worker, f"health check failed: {type(exc).__name__}")
             return
-        if response.status_code == 200:
+        if status == 200:
             if self.core.health(worker) is not Health.HEALTHY:
                 log.info("worker %s is healthy", worker)
             self.misses[worker] = 0
             self.core.set_health(worker, Health.HEALTHY)
-        elif response.status_code == 503 and "draining" in response.text:
+        elif status == 503 and "draining" in text:
             self.misses[worker] = 0
             self.core.set_health(worker, Health.DRAINING)
         else:
-            self.missed(worker, f"health check answered {response.status_code}")
+            self.missed(worker, f"health check answered {status}")
 
     def missed(self, worker: str, reason: str) -> None:
         self.misses[worker] += 1
@@ -119,4 +135,5 @@ class RouterService:
         for rid, exchange in list(self.exchanges.items()):
             exchange.fail(f"the router is shutting down; request {rid} failed")
             await exchange.close()
-        await self.client.aclose()
+        if self._session is not None:
+            await self._session.close()

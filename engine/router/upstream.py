@@ -1,19 +1,21 @@
 """One request's exchange with a worker, run as a task that a health check can cut short.
 
-A pump task sends the request and puts what comes back on a queue: first a
-``Head`` (status and content type) or a ``Failure``, then the body's chunks,
-then ``END`` (or a ``Failure``). ``fail`` cancels the pump and queues a
-``Failure``, so whoever reads the queue (the client's response) always ends,
-even when the worker hangs.
+A pump task sends the request (aiohttp's client) and puts what comes back on a
+queue: first a ``Head`` (status and content type) or a ``Failure``, then the
+body's chunks, then ``END`` (or a ``Failure``). ``fail`` cancels the pump and
+queues a ``Failure``, so whoever reads the queue (the client's response) always
+ends, even when the worker hangs. A cancelled pump closes its connection, which
+aborts the request on the worker.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+from collections.abc import Mapping
 from dataclasses import dataclass
 
-import httpx
+import aiohttp
 
 FORWARDED_HEADERS = ("authorization", "content-type", "accept")
 
@@ -37,34 +39,27 @@ Item = Head | Failure | bytes
 
 
 class Exchange:
-    def __init__(self, client: httpx.AsyncClient, worker: str) -> None:
+    def __init__(self, session: aiohttp.ClientSession, worker: str) -> None:
         self.worker = worker
         self.queue: asyncio.Queue[Item] = asyncio.Queue()
-        self._client = client
+        self._session = session
         self._task: asyncio.Task[None] | None = None
 
-    def start(self, path: str, body: bytes, headers: dict[str, str]) -> None:
+    def start(self, path: str, body: bytes, headers: Mapping[str, str]) -> None:
         sent = {k: v for k, v in headers.items() if k.lower() in FORWARDED_HEADERS}
         self._task = asyncio.create_task(self._pump(path, body, sent))
 
     async def _pump(self, path: str, body: bytes, headers: dict[str, str]) -> None:
         put = self.queue.put_nowait
         try:
-            request = self._client.build_request(
-                "POST", self.worker + path, content=body, headers=headers
-            )
-            response = await self._client.send(request, stream=True)
-            try:
-                put(Head(response.status_code, response.headers.get("content-type", "")))
-                async for chunk in response.aiter_raw():
-                    if chunk:
-                        put(chunk)
-            finally:
-                await response.aclose()
+            async with self._session.post(self.worker + path, data=body, headers=headers) as reply:
+                put(Head(reply.status, reply.headers.get("Content-Type", "")))
+                async for chunk in reply.content.iter_any():
+                    put(chunk)
             put(END)
-        except httpx.ConnectError as exc:
+        except aiohttp.ClientConnectorError as exc:
             put(Failure(f"cannot connect to worker {self.worker}: {exc}", connect=True))
-        except httpx.HTTPError as exc:
+        except (aiohttp.ClientError, TimeoutError) as exc:
             put(Failure(f"worker {self.worker} broke off: {type(exc).__name__}: {exc}"))
 
     async def next(self) -> Item:
