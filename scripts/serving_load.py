@@ -115,10 +115,12 @@ def tree_rss_mib(pid: int) -> float:
 
 
 @contextmanager
-def served(*args: str, threads: int = 2) -> Iterator[tuple[subprocess.Popen[str], str]]:
+def served(
+    *args: str, threads: int = 2, model: str = MODEL
+) -> Iterator[tuple[subprocess.Popen[str], str]]:
     """``engine serve --model MODEL ARGS`` on a free port; stopped (SIGTERM) at exit."""
     cmd = [
-        sys.executable, "-m", "lab.cli.engine", "serve", "--model", MODEL, "--port", "0",
+        sys.executable, "-m", "lab.cli.engine", "serve", "--model", model, "--port", "0",
         "--cpu-threads", str(threads), "--log-level", "warning", *args,
     ]  # fmt: skip
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True, stdin=subprocess.DEVNULL)
