@@ -72,7 +72,14 @@ def router(server_url: str, policy: str, root: Path) -> Iterator[tuple[int, str]
         yield proc.pid, proc.stdout.readline().rsplit(" at ", 1)[1].strip()
     finally:
         proc.send_signal(signal.SIGTERM)
-        proc.wait(30)
+        try:
+            proc.wait(30)
+        except subprocess.TimeoutExpired:
+            print(
+                f"engine router ({root}) did not stop in 30 s of SIGTERM: killed", file=sys.stderr
+            )
+            proc.kill()
+            proc.wait()
 
 
 def first_event_ms(client: httpx.Client, url: str) -> float:
@@ -227,7 +234,7 @@ def main() -> int:
                     commit = git_commit(root)
                     runs.append({"router": label, "commit": commit, "policy": args.policy, **run})
                     print(json.dumps(runs[-1]), file=sys.stderr)
-    write_runs(args.out, runs)
+                    write_runs(args.out, runs)
     return 0
 
 
