@@ -195,10 +195,13 @@ async def open_loop_run(
 
 
 def git_commit(root: Path) -> str:
-    """The commit checked out at ``root`` (``+`` when its tracked files differ from it)."""
+    """The commit checked out at ``root`` (``+`` when its tracked files other than the
+    reports, which this benchmark writes, differ from it)."""
     head = subprocess.run(["git", "-C", str(root), "rev-parse", "--short", "HEAD"],
                           capture_output=True, text=True, check=True).stdout.strip()  # fmt: skip
-    dirty = subprocess.run(["git", "-C", str(root), "diff", "--quiet", "HEAD"]).returncode
+    dirty = subprocess.run(
+        ["git", "-C", str(root), "diff", "--quiet", "HEAD", "--", ".", ":!reports"]
+    ).returncode
     return head + ("+" if dirty else "")
 
 
