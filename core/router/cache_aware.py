@@ -5,9 +5,12 @@ the least loaded one (``RouterConfig.imbalanced``), take the one whose
 approximate prefix tree matches the longest prefix of the key (ties: the less
 loaded, then the first added). If that match covers more than
 ``cache_threshold`` of the key, send it there ("cache_hit"); else send it to
-the least loaded worker ("least_loaded"). Whichever worker gets it, the key
-goes into that worker's tree. The least loaded worker is always balanced, so
-a request never lands on a worker beyond the balance threshold.
+the balanced worker whose tree holds the fewest entries, SGLang's "most
+available cache capacity" (ties: the less loaded, then the first added;
+"cache_miss"): new prefixes spread over the workers whatever their momentary
+load. Whichever worker gets it, the key goes into that worker's tree. The
+least loaded worker is always balanced, so a request never lands on a worker
+beyond the balance threshold.
 """
 
 from __future__ import annotations
@@ -40,7 +43,8 @@ class CacheAware(Policy):
         best = max(balanced, key=lambda w: (matched[w.worker], -w.load(unit)))
         if matched[best.worker] / len(req.key) > self.config.cache_threshold:
             return Decision(best.worker, "cache_hit")
-        return Decision(least.worker, "least_loaded")
+        roomiest = min(balanced, key=lambda w: (self.tree.size.get(w.worker, 0), w.load(unit)))
+        return Decision(roomiest.worker, "cache_miss")
 
     def routed(self, req: RouteRequest, worker: str, now: float) -> None:
         if req.key:
