@@ -165,19 +165,26 @@ def advance(s: SchedulerState, k: int) -> DecodeRun:
     running = list(s.running.values())
     grows: list[tuple[int, int]] = []  # (step index in run, batch index)
     for idx, req in enumerate(running):
-        first = len(req.pages) * ps - req.num_planned + 1  # first step needing a new page
-        if first <= k:
-            grows.extend((j, idx) for j in range(max(first, 1), k + 1, ps))
-    grows.sort()
+        j = len(req.pages) * ps - req.num_planned + 1  # first step needing a new page
+        if j < 1:
+            j = 1
+        while j <= k:
+            grows.append((j, idx))
+            j += ps
     new_pages = [0] * k
-    added: dict[int, list[int]] = {}  # batch index -> its new pages, in step order
-    for (j, idx), page in zip(grows, _take_pages(s, len(grows)), strict=True):
-        added.setdefault(idx, []).append(page)
-        new_pages[j - 1] += 1
     first_step = s.step + 1
     s.step = last = s.step + k
-    for idx, pages in added.items():
-        running[idx].pages = (*running[idx].pages, *pages)
+    if grows:
+        grows.sort()
+        added: dict[int, list[int]] = {}  # batch index -> its new pages, in step order
+        for (j, idx), page in zip(grows, _take_pages(s, len(grows)), strict=True):
+            if idx in added:
+                added[idx].append(page)
+            else:
+                added[idx] = [page]
+            new_pages[j - 1] += 1
+        for idx, pages in added.items():
+            running[idx].pages += tuple(pages)
     context = 0
     tokens = [PLACEHOLDER_TOKEN] * k
     for req in running:

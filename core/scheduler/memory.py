@@ -115,7 +115,7 @@ class KVMemory:
 
     def add_page(self, req: Request) -> None:
         """Append a free page to ``req``'s page table."""
-        req.pages = (*req.pages, *self.allocator.alloc(1))
+        req.pages += tuple(self.allocator.alloc(1))
 
     def share_prefix(self, req: Request, computed: int, tick: int) -> HeldPages | None:
         """Hand the full pages of ``req``'s first ``computed`` positions to the cache (``req``

@@ -43,8 +43,12 @@ class StepShape:
             attention += c.length * c.start + c.length * (c.length + 1) // 2
             sampled += c.samples
         n_decode = len(plan.decode)
-        decode_context = sum(d.position for d in plan.decode) + n_decode
-        longest = max((d.position + 1 for d in plan.decode), default=0)
+        decode_context = longest = 0  # KV positions read: position + 1 per slot
+        for d in plan.decode:
+            read = d.position + 1
+            decode_context += read
+            if read > longest:
+                longest = read
         return StepShape(
             prefill_tokens=prefill_tokens,
             decode_requests=n_decode,

@@ -80,6 +80,10 @@ class PiecewiseFit:
 
     def predict_one(self, x: float, extras: tuple[float, ...]) -> float:
         """``predict`` for one row, in plain Python (the simulator calls it once a step)."""
+        return self.add_extras(self.spine_one(x), extras)
+
+    def spine_one(self, x: float) -> float:
+        """The spine's terms of ``predict_one`` for ``x``, summed in its order."""
         coef, knots = self.coef, self.knots
         xp = max(x, knots[0])
         t = coef[0]
@@ -87,7 +91,11 @@ class PiecewiseFit:
             t += coef[1] * (xp - knots[0])
             for j in range(1, bisect_left(knots, xp, 1, len(knots) - 1)):  # knots below xp
                 t += coef[j + 1] * (xp - knots[j])
-        for f, d in zip(extras, coef[len(coef) - self.num_extras :], strict=True):
+        return t
+
+    def add_extras(self, t: float, extras: tuple[float, ...]) -> float:
+        """``t`` (``spine_one``'s sum) plus the extra features' terms, added in order."""
+        for f, d in zip(extras, self.coef[len(self.coef) - self.num_extras :], strict=True):
             t += d * f
         return t
 

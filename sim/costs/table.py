@@ -53,6 +53,13 @@ class StepGroup:
     def covers(self, shape: StepShape) -> bool:
         return (shape.prefill_tokens > 0) == (self.name == "prefill")
 
+    def spine_of(self, shape: StepShape) -> int:
+        """The spine variable of ``shape``: the sum of its ``spine`` fields."""
+        return sum(getattr(shape, f) for f in self.spine)
+
+    def extras_of(self, shape: StepShape) -> tuple[int, ...]:
+        return tuple(getattr(shape, f) for f in self.extras)
+
     def columns(self, shapes: list[StepShape]) -> tuple[np.ndarray, np.ndarray]:
         x = np.array([sum(getattr(s, f) for f in self.spine) for s in shapes], dtype=np.float64)
         extras = np.array(
@@ -71,6 +78,8 @@ PREFILL = StepGroup(
 GROWING = ("decode_context", "decode_padded")
 """Features that grow by the batch size with each step of a decode run."""
 GROUPS = (DECODE, PREFILL)
+RUN_ROWS = 64
+"""Rows of the design kept per batch size: runs up to this long reuse it."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -78,12 +87,20 @@ class GroupFit:
     group: StepGroup
     fit: PiecewiseFit
     floor: float  # the fastest measured step of the group
-    spines: dict[float, np.ndarray] = field(default_factory=dict, compare=False, repr=False)
-    """The spine's design row of each spine value priced so far (a decode run's batch)."""
+    designs: dict[float, np.ndarray] = field(default_factory=dict, compare=False, repr=False)
+    """Per spine value priced so far (a decode run's batch): a design of ``RUN_ROWS`` rows
+    whose spine columns are filled; a run's extra columns are written over."""
+    spine_sums: dict[float, float] = field(default_factory=dict, compare=False, repr=False)
+    """``fit.spine_one`` of each spine value priced so far (a single step's)."""
     coef: np.ndarray = field(init=False, compare=False, repr=False)
+    growing: tuple[int, ...] = field(init=False, compare=False, repr=False)
+    """The design columns of the ``GROWING`` features."""
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "coef", np.asarray(self.fit.coef))
+        p = len(self.coef) - len(self.group.extras)
+        growing = tuple(p + i for i, f in enumerate(self.group.extras) if f in GROWING)
+        object.__setattr__(self, "growing", growing)
 
     @staticmethod
     def of(group: StepGroup, rows: list[ProfileRow], device: bool = False) -> GroupFit:
@@ -96,27 +113,43 @@ class GroupFit:
         return GroupFit(group, PiecewiseFit.fit(x, extras, y, pure), float(y.min()))
 
     def time(self, shape: StepShape) -> float:
+        """``max(fit.predict_one, floor)``: the same sums, the spine's kept per spine value."""
         g = self.group
-        x = sum(getattr(shape, f) for f in g.spine)
-        t = self.fit.predict_one(x, tuple(getattr(shape, f) for f in g.extras))
-        return max(t, self.floor)
+        x = g.spine_of(shape)
+        spine = self.spine_sums.get(x)
+        if spine is None:
+            spine = self.spine_sums[x] = self.fit.spine_one(x)
+        return max(self.fit.add_extras(spine, g.extras_of(shape)), self.floor)
 
     def run_times(self, shape: StepShape, growth: np.ndarray) -> np.ndarray:
         """``max(fit.predict, floor)`` of ``len(growth)`` steps of ``shape`` whose ``GROWING``
         features grow by ``growth`` (the same design matrix as ``fit.predict``'s)."""
         g = self.group
-        x = float(sum(getattr(shape, f) for f in g.spine))
-        spine = self.spines.get(x)
-        if spine is None:
-            spine = self.spines[x] = self.fit.spine(np.array([x]))
-        p = spine.shape[1]
-        design = np.empty((len(growth), p + len(g.extras)))
-        design[:, :p] = spine
-        design[:, p:] = [float(getattr(shape, f)) for f in g.extras]
-        for name in GROWING:
-            design[:, p + g.extras.index(name)] += growth
-        times: np.ndarray = np.maximum(design @ self.coef, self.floor)
+        x = float(g.spine_of(shape))
+        k = len(growth)
+        design = self.designs.get(x)
+        if design is None:
+            design = self.designs[x] = self._design(x, RUN_ROWS)
+        if k <= RUN_ROWS:
+            design = design[:k]
+        else:
+            design = self._design(x, k)
+        p = len(self.coef) - len(g.extras)
+        for column, value in zip(range(p, p + len(g.extras)), g.extras_of(shape), strict=True):
+            if column in self.growing:
+                np.add(growth, float(value), out=design[:, column])
+            else:
+                design[:, column] = float(value)
+        times: np.ndarray = design @ self.coef
+        np.maximum(times, self.floor, out=times)
         return times
+
+    def _design(self, x: float, rows: int) -> np.ndarray:
+        """A C-ordered design of ``rows`` rows of spine value ``x``; extra columns unset."""
+        spine = self.fit.spine(np.array([x]))
+        design = np.empty((rows, len(self.coef)))
+        design[:, : spine.shape[1]] = spine
+        return design
 
     def describe(self) -> dict[str, Any]:
         return {
@@ -209,7 +242,7 @@ class TableCostModel(GpuCostModel):
     def _decode_times(
         d: GroupFit, batch: int, context_tokens: int, longest: int, k: int
     ) -> np.ndarray:
-        growth = batch * np.arange(k, dtype=np.float64)
+        growth = np.arange(0, batch * k, batch, dtype=np.float64)  # batch * i, exact
         return d.run_times(StepShape.decode(batch, context_tokens, longest), growth)
 
     def describe(self) -> dict[str, object]:

@@ -239,27 +239,30 @@ class SimSchedulerLoop:
         wall = self.gpu.decode_times(batch, context + batch, longest + 1, k)
         schedule = self.cpu.schedule_time(batch)
         device: np.ndarray | None  # the steps' device times, where the loop priced them
+        before_launch: float | np.ndarray  # each iteration's CPU time before its launch
         if prev is None:  # strict: step j runs [start, start + cpu + gpu]; tokens at its end
-            gpu, durations = wall, wall + schedule
-            clock = np.cumsum(np.concatenate(([now], durations)))
+            gpu, durations, before_launch = wall, wall + schedule, schedule
+            clock = np.empty(k + 1)  # now, then end j = start j + duration j
+            clock[0] = now
+            clock[1:] = durations
+            np.add.accumulate(clock, out=clock)
             starts = begins = clock[:-1]
-            ends = clock[1:]
-            token_times = starts + durations
-            launched, done, device = starts + schedule, ends, None
+            ends = token_times = clock[1:]
+            device = None
         else:  # overlap: GPU starts s_j = max(s_{j-1} + cpu_j, s_{j-1} + gpu_{j-1})
             gpu = durations = self.gpu.decode_device_times(batch, context + batch, longest + 1, k)
-            cpu = schedule + np.maximum(wall - gpu, 0.0)
+            cpu = before_launch = schedule + np.maximum(wall - gpu, 0.0)
             gaps = np.maximum(gpu[:-1], cpu[1:])
-            starts = np.cumsum(np.concatenate(([max(now + cpu[0], prev.end)], gaps)))
+            starts = np.concatenate(([max(now + cpu[0], prev.end)], gaps)).cumsum()
             begins = np.concatenate(([now], starts[:-1]))  # iteration j begins as j-1 ends
             ends = token_times = starts  # iteration j completes the plan before step j
-            launched, done, device = begins + cpu, starts + gpu, gpu
+            device = gpu
         # a request reaching the scheduler before the run's end cuts it after the step
         # running then (the clock's end of the whole run: now + (ends[-1] - now))
         j = k
         arrival = p.next_arrival()
         if arrival is not None and arrival < now + (float(ends[-1]) - now):
-            j = max(1, int(np.searchsorted(begins, arrival, side="left")))
+            j = max(1, int(begins.searchsorted(arrival, side="left")))
         stats = s.stats()
         waited = False
         if self.interruptible:
@@ -269,10 +272,13 @@ class SimSchedulerLoop:
         if run.context_tokens != context or run.rids != rids:
             raise RuntimeError("decode run differs from the running set the sim priced")
         self.num_runs += 1
-        if not waited and now < ends[j - 1]:
-            yield env.timeout(float(ends[j - 1]) - now)
+        end = float(ends[j - 1])
+        if not waited and now < end:
+            yield env.timeout(end - now)
         self._record_run(run, starts[:j], durations[:j], token_times[:j], stats)
         if self.record is not None:
+            launched = begins + before_launch
+            done = ends if prev is None else starts + gpu
             times = (begins[:j], begins[:j] + schedule, launched[:j], done[:j])
             first = (batch, context + batch, longest + 1)
             device = np.full(j, np.nan) if device is None else device[:j]
