@@ -49,6 +49,14 @@ WHEELS = [
     "opentelemetry-api==1.45.2",
     "plotly==7.1.0",
     "narwhals==2.29.0",
+    "aiohttp==3.14.5",  # engine router, with its dependencies below
+    "aiohappyeyeballs==2.7.1",
+    "aiosignal==1.4.0",
+    "frozenlist==1.8.0",
+    "multidict==7.2.1",
+    "yarl==1.25.1",
+    "propcache==0.5.4",
+    "idna==3.20",
 ]
 PLATFORMS = [
     "manylinux_2_28_x86_64",
