@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import Any
 
 from fastapi.testclient import TestClient
 
@@ -26,16 +27,9 @@ def samples(text: str, name: str) -> dict[str, float]:
 
 
 def test_pool_sizes_are_in_metrics_before_any_stats(tmp_path: Path) -> None:
-    cfg = ServeConfig(
-        model="m",
-        model_path="m",
-        tokenizer_path="",
-        vocab_size=256,
-        run_dir=str(tmp_path),
-        parent_pid=os.getpid(),
-        max_model_len=1024,
-        dp_size=2,
-    )
+    names: dict[str, Any] = {"model": "m", "model_path": "m", "tokenizer_path": ""}
+    cfg = ServeConfig(**names, vocab_size=256, run_dir=str(tmp_path), parent_pid=os.getpid(),
+                      max_model_len=1024, dp_size=2)  # fmt: skip
     pools = {0: SchedulerConfig(num_pages=256), 1: SchedulerConfig(num_pages=300, host_kv_pages=64)}
     with TestClient(create_app(cfg, health=lambda: None, pools=pools)) as client:
         text = client.get("/metrics").text
