@@ -9,7 +9,6 @@ from typing import Any
 
 from fastapi.testclient import TestClient
 
-from core.scheduler.config import SchedulerConfig
 from engine.ipc.config import ServeConfig
 from engine.server.app import create_app
 from lab.bench.server import metric_value
@@ -30,7 +29,7 @@ def test_pool_sizes_are_in_metrics_before_any_stats(tmp_path: Path) -> None:
     names: dict[str, Any] = {"model": "m", "model_path": "m", "tokenizer_path": ""}
     cfg = ServeConfig(**names, vocab_size=256, run_dir=str(tmp_path), parent_pid=os.getpid(),
                       max_model_len=1024, dp_size=2)  # fmt: skip
-    pools = {0: SchedulerConfig(num_pages=256), 1: SchedulerConfig(num_pages=300, host_kv_pages=64)}
+    pools = {0: (256, 0), 1: (300, 64)}
     with TestClient(create_app(cfg, health=lambda: None, pools=pools)) as client:
         text = client.get("/metrics").text
     assert samples(text, "engine_kv_pages_total") == {"0": 256.0, "1": 300.0}

@@ -12,9 +12,11 @@ import pytest
 import torch
 from conftest import MODEL, Server
 
+from engine.runner.hardware import hardware as machine
 from lab.bench.prompts import PromptMaker, fresh_salt
 from lab.cli.sim import main as sim_main
 from lab.profile.main import profile_main
+from lab.validate.command import hardware_warning
 from lab.validate.regime import REGIMES
 from schema.traces import TraceRequest, generate
 from sim.costs import TableCostModel, load_cpu_costs, read_profile
@@ -130,9 +132,13 @@ def test_sim_validate_end_to_end(
         e = comparison["ttft_parts"][part]["p50"]
         assert e["real"] > 0 and e["sim"] > 0 and len(e["real_runs"]) == 2
     assert comparison["run"]["sim_config"]["num_pages"] == 1024  # read from /metrics
+    here = machine("cpu", 1)  # the server and the profile were both measured here
+    assert comparison["run"]["server_hardware"] == comparison["run"]["profile_hardware"] == here
     regime = comparison["regime"]
     assert len(regime["real_runs"]) == 2 and regime["real"] in REGIMES
-    assert regime["sim"]["regime"] in REGIMES and "regime: real run: " in capsys.readouterr().out
+    printed = capsys.readouterr()
+    assert regime["sim"]["regime"] in REGIMES and "regime: real run: " in printed.out
+    assert "warning:" not in printed.err
     again = tmp_path / "again"  # the recorded real runs, simulated again without the server
     args = ["validate", str(trace), "--real-from", str(out), "--profile", str(profile),
             "--out", str(again), "--no-progress"]  # fmt: skip
@@ -180,3 +186,14 @@ def test_validate_simulates_the_server_s_overlap_mode(server: Server, profile: P
         args = parser.parse_args([*base, *flags])
         config = sim_config(args, replace(info, overlap=server_says), 1024)
         assert config.overlap is simulated, (flags, server_says)
+
+
+def test_a_profile_of_other_hardware_is_named_before_a_validation() -> None:
+    """``sim validate`` warns when the profile's header names other hardware than the server's
+    model card: a profile of another CPU or GPU prices steps that machine's way."""
+    xeon = Path(__file__).resolve().parents[1] / "profiles" / "cpu-xeon-2core_smollm2-135m.csv"
+    measured = read_profile(xeon).provenance["hardware"]
+    assert hardware_warning(measured, xeon) is None
+    assert hardware_warning(None, xeon) is None  # a server that does not say
+    warning = hardware_warning("CPU: AMD EPYC, 2 cores", xeon)
+    assert warning is not None and measured in warning and "AMD EPYC" in warning

@@ -36,7 +36,9 @@ class ServeConfig(msgspec.Struct, kw_only=True):
         finish (0: stop at once). A request body over ``max_request_bytes`` is a 413.
     With ``gc_freeze`` every process freezes its heap once it is ready
     (``engine.ipc.heap``). With ``record_steps`` (an absolute path) scheduler
-    rank 0 writes the step record there (``schema.steprecord``).
+    rank 0 writes the step record there (``schema.steprecord``). ``hardware``
+    is what scheduler rank 0 runs on (``engine.runner.hardware``, the words of a
+    profile's header), set in the frontend once the ranks are ready.
 
     ``dp_size`` replicas (each its scheduler ranks and detokenizer) serve behind
     the one frontend, which places every request with a ``router`` core; a
@@ -81,6 +83,7 @@ class ServeConfig(msgspec.Struct, kw_only=True):
     log_level: str = "info"
     gc_freeze: bool = True  # freeze each process's start-up heap (engine.ipc.heap)
     record_steps: str | None = None
+    hardware: str = ""
 
     @property
     def overlap_on(self) -> bool:

@@ -260,14 +260,12 @@ def serve_main(argv: list[str] | None = None) -> int:
     try:
         launcher.start()
         ready = launcher.wait_ready(ctx, args.ready_timeout)
-        # the core's settings as each replica's rank 0 runs them (the pool it sized included)
-        pools = {
-            r: msgspec.convert(
-                ready[cfg.child_name("scheduler", 0, r)].info["scheduler"], SchedulerConfig
-            )
-            for r in range(cfg.dp_size)
-        }
-        cfg.scheduler = pools[0]
+        # the core's settings as rank 0 (of replica 0) runs them (the pool it sized included)
+        info = ready[cfg.child_name("scheduler", 0)].info
+        cfg.scheduler = msgspec.convert(info["scheduler"], SchedulerConfig)
+        cfg.hardware = str(info.get("hardware", ""))
+        ranks = [ready[cfg.child_name("scheduler", 0, r)].info for r in range(cfg.dp_size)]
+        pools = {r: (int(i["num_pages"]), int(i["host_pages"])) for r, i in enumerate(ranks)}
         status = run_frontend(cfg, launcher, listener, pools)
     except ChildDied as exc:
         log.error("%s", exc)
@@ -345,10 +343,10 @@ def run_frontend(
     cfg: ServeConfig,
     launcher: Launcher,
     listener: socket.socket,
-    pools: dict[int, SchedulerConfig],
+    pools: dict[int, tuple[int, int]],
 ) -> int:
     """Serve HTTP in this process until told to stop; 1 if a child died. ``pools``: each
-    replica's scheduler settings, as it reported them ready."""
+    replica's KV pages and host KV pages, as its scheduler reported them ready."""
     from engine.server.app import create_app
     from engine.server.logs import uvicorn_log_config
 

@@ -34,6 +34,7 @@ from engine.ipc import messages
 from engine.ipc.config import ServeConfig
 from engine.ipc.sockets import open_sockets, report_ready
 from engine.runner.args import RunnerArgs
+from engine.runner.hardware import hardware
 from engine.scheduler_proc.driver import Launched, StepDriver
 from engine.scheduler_proc.recorder import StepRecorder
 
@@ -107,9 +108,11 @@ def serve_rank0(cfg: ServeConfig, leader: TPLeader) -> None:
         "scheduler",
         0,
         num_pages=runner.num_pages,
+        host_pages=runner.host_pages,
         page_size=runner.page_size,
         eos_token_ids=cfg.eos_token_ids,
         scheduler=sched_cfg,
+        hardware=hardware(cfg.device, cfg.tp_size),
     )
     log.info(
         "ready: %d KV pages of %d tokens, %d host KV pages",

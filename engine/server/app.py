@@ -12,7 +12,6 @@ from fastapi.responses import JSONResponse, Response
 from starlette.exceptions import HTTPException
 from starlette.requests import Request
 
-from core.scheduler.config import SchedulerConfig
 from engine.ipc.config import ServeConfig
 from engine.ipc.heap import freeze_heap
 from engine.server import native, openai_api
@@ -30,11 +29,11 @@ CLIENT_CLOSED = 499
 def create_app(
     cfg: ServeConfig,
     health: Callable[[], str | None],
-    pools: Mapping[int, SchedulerConfig] | None = None,
+    pools: Mapping[int, tuple[int, int]] | None = None,
 ) -> FastAPI:
     """The app; its lifespan opens the sockets to the tokenizers and from the pipeline.
-    ``pools``: each replica's scheduler settings as it reported them ready (its KV pool
-    sizes are in ``/metrics`` from the start)."""
+    ``pools``: each replica's KV pages and host KV pages as its scheduler reported them
+    ready (in ``/metrics`` from the start)."""
     metrics = ServerMetrics(cfg.model)
     frontend = Frontend(cfg, metrics, pools or {})
 

@@ -29,7 +29,6 @@ from collections.abc import Mapping
 import zmq
 import zmq.asyncio
 
-from core.scheduler.config import SchedulerConfig
 from engine.ipc import messages
 from engine.ipc.config import ServeConfig
 from engine.server.errors import APIError
@@ -147,7 +146,7 @@ class Frontend:
     """The pipeline as the routes see it: admit, submit, abort, and fail everything at shutdown."""
 
     def __init__(
-        self, cfg: ServeConfig, metrics: ServerMetrics, pools: Mapping[int, SchedulerConfig]
+        self, cfg: ServeConfig, metrics: ServerMetrics, pools: Mapping[int, tuple[int, int]]
     ) -> None:
         self.cfg = cfg
         self.metrics = metrics

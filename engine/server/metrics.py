@@ -17,7 +17,7 @@ from typing import Any, TypeVar
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
-from core.scheduler.config import SchedulerConfig, SchedulerStats
+from core.scheduler.config import SchedulerStats
 from engine.ipc import messages
 from engine.server.replica_metrics import ReplicaCollector
 from engine.server.replicas import Replicas
@@ -200,26 +200,27 @@ class ServerMetrics:
         """Report ``count()`` as the number of open requests at each scrape."""
         self.open_requests.set_function(count)
 
-    def track_replicas(self, replicas: Replicas, pools: Mapping[int, SchedulerConfig]) -> None:
+    def track_replicas(self, replicas: Replicas, pools: Mapping[int, tuple[int, int]]) -> None:
         """Report the router's books per replica at each scrape; every replica's scheduler
-        series start at zero but its pool sizes, which ``pools`` (replica -> the settings its
-        scheduler reported when ready) gives before the first ``StatsUpdate`` arrives."""
+        series start at zero but its pool sizes, which ``pools`` (replica -> KV pages, host
+        KV pages, as its scheduler reported them ready) gives before the first
+        ``StatsUpdate`` arrives."""
         self.registry.register(ReplicaCollector(self.model, replicas))
         metrics = [g for g, _ in self.stats_gauges]
         for replica in replicas.core.workers:
             for metric in (*metrics, self.prefix_queries, self.prefix_hits, self.preemptions):
                 metric.labels(self.model, replica)
-        for index, settings in pools.items():
+        for index, (pages, host_pages) in pools.items():
             idle = SchedulerStats(
-                num_pages=settings.pages,
+                num_pages=pages,
                 pages_used=0,
-                pages_free=settings.pages,
+                pages_free=pages,
                 pages_cached=0,
                 num_waiting=0,
                 num_running=0,
                 prompt_tokens=0,
                 cached_tokens=0,
-                host_pages=settings.host_pages,
+                host_pages=host_pages,
             )
             for gauge, value in self.stats_gauges:
                 gauge.labels(self.model, str(index)).set(value(idle))

@@ -265,6 +265,7 @@ async def models(request: Request) -> Response:
         "max_model_len": ctx.cfg.max_model_len,
         "overlap_scheduling": ctx.cfg.overlap_on,
         "record_steps": ctx.cfg.record_steps,
+        "hardware": ctx.cfg.hardware,
         "scheduler": asdict(ctx.cfg.scheduler),
         "dp": ctx.cfg.dp_size,
         "router": asdict(ctx.cfg.router),

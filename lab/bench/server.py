@@ -35,6 +35,7 @@ class ServerInfo:
     dp: int = 1  # data-parallel replicas behind the server
     router: dict[str, Any] | None = None  # the router core's settings over them, where it says
     record_steps: str | None = None  # the file of its step record, where it keeps one
+    hardware: str | None = None  # what it runs on, in a profile header's words, where it says
 
     @property
     def ours(self) -> bool:
@@ -75,6 +76,7 @@ def server_info(url: str, api_key: str | None = None, timeout: float = 30.0) -> 
     scheduler = card.get("scheduler")
     dp, router = card.get("dp"), card.get("router")
     record = card.get("record_steps")
+    hardware = card.get("hardware")
     return ServerInfo(
         url=url,
         model=str(card["id"]),
@@ -87,4 +89,5 @@ def server_info(url: str, api_key: str | None = None, timeout: float = 30.0) -> 
         dp=dp if isinstance(dp, int) and dp >= 1 else 1,
         router=router if isinstance(router, dict) else None,
         record_steps=record if isinstance(record, str) else None,
+        hardware=hardware if isinstance(hardware, str) and hardware else None,
     )

@@ -22,6 +22,7 @@ from tqdm import tqdm
 
 from engine.ipc.config import ServeConfig
 from engine.models.setup import ModelNotFoundError
+from engine.runner.hardware import hardware
 from lab.profile import provenance
 from lab.profile.copies import measure_copies
 from lab.profile.grid import GridSpec, StepPoint, ints
@@ -164,7 +165,7 @@ def profile_main(argv: list[str] | None = None) -> int:
                     f"this machine has {torch.cuda.device_count()}\n")  # fmt: skip
     spec = grid_spec(args, cfg.device)
     info = {
-        "hardware": provenance.hardware(cfg.device, cfg.tp_size),
+        "hardware": hardware(cfg.device, cfg.tp_size),
         "model": f"{cfg.model} ({'dummy weights' if cfg.dummy_weights else cfg.model_path})",
         "date": provenance.now(),
         "command": "engine profile " + shlex.join(argv),

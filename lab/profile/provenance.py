@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import datetime as dt
 import importlib.metadata
-import os
 import platform
 import subprocess
 from pathlib import Path
@@ -13,23 +12,6 @@ import torch
 
 ROOT = Path(__file__).resolve().parents[2]
 PACKAGES = ("torch", "transformers", "tokenizers", "flashinfer-python", "pyzmq", "fastapi")
-
-
-def cpu_name() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
-
-
-def hardware(device: str, tp: int) -> str:
-    """``2x NVIDIA H200`` on CUDA, ``CPU: <model>, N cores`` otherwise."""
-    if device.startswith("cuda") and torch.cuda.is_available():
-        return f"{tp}x {torch.cuda.get_device_name()}"
-    return f"CPU: {cpu_name()}, {os.cpu_count()} cores"
 
 
 def versions() -> str:

@@ -56,6 +56,7 @@ from schema.run import RunResult
 from schema.traces import Trace, load_trace
 from sim.config import CONFIG_KEYS, SCHEDULER_KEYS, SimConfig, build_config, read_config_file
 from sim.costs.committed import profile_dtype
+from sim.costs.profile import read_profile
 from sim.replay import run_replay
 
 if TYPE_CHECKING:
@@ -103,6 +104,18 @@ def servable(trace: Trace, max_model_len: int | None) -> tuple[Trace, int]:
         return trace, 0
     keep = [r for r in trace.requests if r.input_length + r.output_length <= max_model_len]
     return replace(trace, requests=keep), len(trace.requests) - len(keep)
+
+
+def hardware_warning(server: str | None, profile: Path) -> str | None:
+    """Why ``profile`` may not price the server's steps: it names other hardware than the
+    server reports (None when they agree or either is unknown)."""
+    measured = read_profile(profile).provenance.get("hardware")
+    if not server or not measured or server == measured:
+        return None
+    return (
+        f"warning: {profile} was measured on {measured!r}, the server runs on {server!r}: "
+        "its step and CPU-stage costs may not hold there (engine profile measures one there)"
+    )
 
 
 def sim_config(args: argparse.Namespace, info: ServerInfo, num_pages: int) -> SimConfig:
@@ -258,12 +271,17 @@ def live_inputs(args: argparse.Namespace) -> tuple[ServerInfo, Trace, SimConfig,
         raise ValueError(f"no request of {args.trace} fits the server's context")
     if dropped:
         print(f"left out {dropped} requests longer than the server's context", file=sys.stderr)
+    warning = hardware_warning(info.hardware, args.profile)
+    if warning:
+        print(warning, file=sys.stderr)
     args.out.mkdir(parents=True, exist_ok=True)
     record = {
         "trace": trace.describe(),
         "dropped_requests": dropped,
         "url": info.url,
         "server_model": info.model,
+        "server_hardware": info.hardware,
+        "profile_hardware": read_profile(args.profile).provenance.get("hardware"),
         "repeats": args.repeats,
     }
     return info, trace, config, record
