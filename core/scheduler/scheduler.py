@@ -126,21 +126,18 @@ class Scheduler:
         return [r for _, r in self._waiting]
 
     def stats(self) -> SchedulerStats:
-        memory, pages = self.memory, self.config.pages
-        free = memory.num_free
-        counts = (  # SchedulerStats' fields in order, positional (the simulator asks every step)
-            pages,
-            pages - free,
-            free,
-            memory.evictable,
-            len(self._waiting),
-            len(self.running),
-            self.prompt_tokens,
-            self.cached_tokens,
+        free = self.memory.num_free
+        return SchedulerStats(
+            num_pages=self.config.pages,
+            pages_used=self.config.pages - free,
+            pages_free=free,
+            pages_cached=self.memory.evictable,
+            num_waiting=len(self._waiting),
+            num_running=len(self.running),
+            prompt_tokens=self.prompt_tokens,
+            cached_tokens=self.cached_tokens,
+            **self.memory.host_stats(),
         )
-        if memory.tier is None:
-            return SchedulerStats(*counts)
-        return SchedulerStats(*counts, **memory.host_stats())
 
     # ------------------------------------------------------------------ schedule
     def schedule(self, now: float) -> Plan:
@@ -198,10 +195,9 @@ class Scheduler:
         for req in [r for r in running.values() if r.status is decoding]:
             if preempted and running.get(req.rid) is not req:
                 continue  # preempted earlier in this loop
-            num_planned = req.num_planned
-            if num_planned - req.prompt_len + 1 >= req.max_new_tokens:  # planned_outputs
+            if req.planned_outputs >= req.max_new_tokens:
                 continue
-            if num_planned >= len(req.pages) * ps:  # the next position starts a page
+            if req.num_planned >= len(req.pages) * ps:  # the next position starts a page
                 if not self._free_a_page(req, preempted):
                     continue
                 self.memory.add_page(req)
@@ -335,19 +331,10 @@ class Scheduler:
             self._hold(req, self.memory.share_prefix(req, chunk.start + chunk.length, self.step))
             if chunk.samples:
                 self._append(req, tokens, events)
-        running, aborted, step = self.running, RequestStatus.ABORTED, plan.step
-        for slot in plan.decode:  # _placed_in and _append, inlined: once per request and step
-            req = running.get(slot.rid)
-            if req is None or req.status is aborted or req.admitted_at > step:
-                continue
-            token = PLACEHOLDER_TOKEN if tokens is None else tokens[req.rid]
-            output = req.output
-            events.append(TokenOut(req.rid, token, not output))
-            output.append(token)
-            if token in req.stop_token_ids:
-                self._finish(req, FinishReason.STOP, events)
-            elif len(output) >= req.max_new_tokens:
-                self._finish(req, FinishReason.LENGTH, events)
+        for slot in plan.decode:
+            req = self._placed_in(slot.rid, plan.step)
+            if req is not None:
+                self._append(req, tokens, events)
         return events
 
     def _placed_in(self, rid: str, step: int) -> Request | None:
