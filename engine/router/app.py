@@ -14,6 +14,7 @@ import json
 import logging
 from collections.abc import Awaitable, Callable
 
+import aiohttp
 from aiohttp import web
 
 from core.router import Health, NoWorkerAvailable
@@ -28,6 +29,7 @@ log = logging.getLogger("engine.router")
 FORWARDED_PATHS = ("/v1/chat/completions", "/v1/completions", "/generate")
 SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+LIST_TIMEOUT = aiohttp.ClientTimeout(total=10)  # a worker's /v1/models, asked for a client
 
 
 def error(message: str, status: int, code: str | None = None) -> web.Response:
@@ -72,7 +74,8 @@ def create_app(service: RouterService) -> web.Application:
         for stat in service.core.stats():
             if stat.health is Health.HEALTHY:
                 try:
-                    async with service.session.get(f"{stat.worker}/v1/models") as reply:
+                    listing = service.session.get(f"{stat.worker}/v1/models", timeout=LIST_TIMEOUT)
+                    async with listing as reply:
                         body, status = await reply.read(), reply.status
                 except Exception as exc:
                     log.warning("GET /v1/models on %s failed: %s", stat.worker, exc)
