@@ -3,12 +3,13 @@
 A ``StepPoint`` is one batch: prefill chunks ``(start, length)`` (``start`` > 0
 means a cached prefix the chunk attends to) and decode slots (the position of
 each request's new token). Every sequence gets its own pages, so a step reads
-as much KV as it would in serving. Points whose pages do not fit in the pool
-are left out (and reported).
+as much KV as it would in serving. Points whose pages do not fit in the pool,
+or with a sequence longer than a request may be, are left out (and reported).
 
 The grid crosses prefill sizes with cached prefixes and chunk counts, decode
 batch sizes with per-request contexts, and a few prefill sizes with decode
-batches (mixed steps). Decode and mixed steps come uniform (every request at
+batches (mixed steps: the chunk after each of ``mixed_prefixes``, the decodes at
+each of ``mixed_contexts``). Decode and mixed steps come uniform (every request at
 one context) and ragged (one request at the longest context, the others at the
 shortest), so that a fit can tell the context read from the context padded to
 the longest request. Held-out points are drawn at random inside the same
@@ -32,9 +33,13 @@ class StepPoint:
     decode: tuple[int, ...]  # position of each decode slot's new token
     split: str = "fit"
 
-    def pages_needed(self, page_size: int) -> int:
+    def sequence_pages(self, page_size: int) -> list[int]:
+        """The pages each sequence of the point holds (prefill chunks, then decode slots)."""
         ends = [s + n for s, n in self.prefill] + [p + 1 for p in self.decode]
-        return sum(pages_for(e, page_size) for e in ends)
+        return [pages_for(e, page_size) for e in ends]
+
+    def pages_needed(self, page_size: int) -> int:
+        return sum(self.sequence_pages(page_size))
 
     def plan(self, page_size: int) -> Plan:
         """The plan of this point: rids ``p0..``/``d0..``, pages laid out one sequence after
@@ -84,7 +89,14 @@ class GridSpec:
     mixed_prefill: tuple[int, ...]
     mixed_batches: tuple[int, ...]
     holdout: int
+    mixed_prefixes: tuple[int, ...] = (0,)
+    mixed_contexts: tuple[int, ...] = ()  # none given: the middle one of ``decode_contexts``
     seed: int = 0
+
+    def __post_init__(self) -> None:
+        if not self.mixed_contexts:
+            middle = sorted(self.decode_contexts)[len(self.decode_contexts) // 2]
+            object.__setattr__(self, "mixed_contexts", (middle,))
 
     @staticmethod
     def default(device: str) -> GridSpec:
@@ -123,11 +135,12 @@ class GridSpec:
             for context in self.decode_contexts:
                 out.append(StepPoint((), (context,) * batch))
             out.append(StepPoint((), self.ragged(batch)))
-        middle = sorted(self.decode_contexts)[len(self.decode_contexts) // 2]
-        for tokens in self.mixed_prefill:
-            for batch in self.mixed_batches:
-                out.append(StepPoint(((0, tokens),), (middle,) * batch))
-                out.append(StepPoint(((0, tokens),), self.ragged(batch)))
+        for prefix in self.mixed_prefixes:
+            for tokens in self.mixed_prefill:
+                for batch in self.mixed_batches:
+                    for context in self.mixed_contexts:
+                        out.append(StepPoint(((prefix, tokens),), (context,) * batch))
+                    out.append(StepPoint(((prefix, tokens),), self.ragged(batch)))
         return list(dict.fromkeys(out)) + self.holdout_points()
 
     def ragged(self, batch: int) -> tuple[int, ...]:
@@ -156,6 +169,12 @@ class GridSpec:
                 prefix = between(self.prefill_prefixes)
                 out.append(StepPoint(((prefix, length),) * chunks, (), "holdout"))
             else:
-                prefill = ((0, between(self.mixed_prefill)),)
+                # one mixed prefix draws nothing (such grids keep their held-out points)
+                prefix = (
+                    between(self.mixed_prefixes)
+                    if len(self.mixed_prefixes) > 1
+                    else self.mixed_prefixes[0]
+                )
+                prefill = ((prefix, between(self.mixed_prefill)),)
                 out.append(StepPoint(prefill, contexts(self.mixed_batches), "holdout"))
         return out

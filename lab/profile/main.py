@@ -46,6 +46,8 @@ GRID_FLAGS = (
     ("decode-contexts", "context of each decoding request"),
     ("mixed-prefill", "prefill tokens of mixed steps"),
     ("mixed-batches", "decode requests of mixed steps"),
+    ("mixed-prefixes", "cached prefix before the prefill chunk of mixed steps"),
+    ("mixed-contexts", "context of each decoding request of mixed steps (uniform rows)"),
 )
 
 
@@ -89,7 +91,9 @@ def grid_spec(args: argparse.Namespace, device: str) -> GridSpec:
     given = {f.replace("-", "_"): getattr(args, f.replace("-", "_")) for f, _ in GRID_FLAGS}
     given["holdout"] = args.holdout
     values = {k: v for k, v in given.items() if v is not None}
-    return GridSpec(**{**{k: getattr(spec, k) for k in spec.__slots__}, **values})
+    # mixed contexts follow the decode contexts given, unless given themselves
+    fields = {k: getattr(spec, k) for k in spec.__slots__ if k != "mixed_contexts"}
+    return GridSpec(**{**fields, **values})
 
 
 def measure_steps(
@@ -113,7 +117,10 @@ def measure_steps(
         left_out = [p for p in points if not timer.fits(p)]
         points = [p for p in points if timer.fits(p)]
         if left_out:
-            print(f"left out {len(left_out)} plans larger than the KV pool", file=sys.stderr)
+            print(
+                f"left out {len(left_out)} plans larger than the KV pool or a request",
+                file=sys.stderr,
+            )
         random.Random(spec.seed).shuffle(points)
         rows = run_points(timer, points, args)
         copies = measure_copies(runner, args.repeats, info)

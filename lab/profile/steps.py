@@ -79,7 +79,10 @@ class StepTimer:
         self.rng = np.random.default_rng(seed)
 
     def fits(self, point: StepPoint) -> bool:
-        return point.pages_needed(self.page_size) <= self.num_pages
+        """Whether the pool holds the point and the request table each of its sequences."""
+        pages = point.sequence_pages(self.page_size)
+        longest = max(pages, default=0)
+        return sum(pages) <= self.num_pages and longest <= self.runner.max_pages_per_seq
 
     def _track(self, rid: str, length: int) -> None:
         sequence = self.rng.integers(0, self.vocab, size=length).tolist()

@@ -1,0 +1,56 @@
+"""``engine profile``'s grid: mixed steps after a prefix and at chosen contexts, and the points
+a real runner cannot hold left out (more pages than the pool, or one sequence longer than a
+request's page table, the model's context)."""
+
+from __future__ import annotations
+
+import tempfile
+from dataclasses import replace
+
+from conftest import MODEL
+
+from engine.scheduler_proc.loop import runner_args
+from lab.profile.grid import GridSpec, StepPoint
+from lab.profile.main import serve_config
+from lab.profile.steps import StepTimer, serving_runner
+
+
+def test_points_beyond_the_pool_or_a_request_are_left_out(model_ready: str) -> None:
+    with tempfile.TemporaryDirectory() as run_dir:
+        cfg = serve_config(["--model", MODEL, "--cpu-threads", "1", "--num-pages", "1024"], run_dir)
+    with serving_runner(runner_args(cfg)) as leader:
+        runner = leader.runner
+        timer = StepTimer(leader, runner.page_size, runner.num_pages, cfg.vocab_size)
+        longest = runner.max_pages_per_seq * runner.page_size  # tokens a request may hold
+        assert runner.max_pages_per_seq < runner.num_pages
+        assert timer.fits(StepPoint((), (longest - 1,)))  # its new token is the last slot
+        assert not timer.fits(StepPoint((), (longest,)))
+        assert not timer.fits(StepPoint(((longest - 16, 32),), ()))
+        assert timer.fits(StepPoint(((longest - 32, 32),), ()))
+        half = runner.num_pages * runner.page_size // 2
+        assert not timer.fits(StepPoint((), (half - 1,) * 3))  # 1.5 pools
+
+
+def test_mixed_rows_cross_their_prefixes_and_contexts() -> None:
+    grid = replace(
+        GridSpec.default("cpu"),
+        mixed_prefill=(16,),
+        mixed_batches=(2,),
+        mixed_prefixes=(0, 64),
+        mixed_contexts=(32, 128),
+        holdout=30,
+    )
+    ragged = grid.ragged(2)
+    assert ragged == (2048, 128)
+    points = [p for p in grid.points() if p.split == "fit"]
+    mixed = {(p.prefill, p.decode) for p in points if p.prefill and p.decode}
+    assert mixed == {
+        (((start, 16),), decode) for start in (0, 64) for decode in ((32, 32), (128, 128), ragged)
+    }
+    held = [p for p in grid.holdout_points() if p.prefill and p.decode]
+    assert held and all(0 <= p.prefill[0][0] <= 64 for p in held)
+    assert any(p.prefill[0][0] > 0 for p in held)
+    # one mixed prefix (the default) draws none: the default grid's held-out points are as before
+    assert GridSpec.default("cpu").mixed_contexts == (512,)
+    default = GridSpec.default("cuda").points()
+    assert all(p.prefill[0][0] == 0 for p in default if p.prefill and p.decode)
