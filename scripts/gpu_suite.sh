@@ -17,8 +17,8 @@
 #             kernel variants, Llama-3.1-8B and Qwen3-0.6B shapes
 #   overlap   idle GPU time between decode steps, overlap on and off
 #   attribution  `sim validate` with the engine's step record (error attribution) on the
-#             Azure conversation trace, a busy window of the code trace and a long-prompt
-#             trace with shared prefixes ($ATTR_RUNS, $ATTR_REPEATS)
+#             Azure conversation trace, a busy window of the code trace and two long-prompt
+#             traces with shared prefixes ($ATTR_RUNS, $ATTR_REPEATS)
 #   cluster   `engine serve --dp 2 --dp-share-gpu` of Qwen3-0.6B against its simulation on the
 #             Mooncake conversation trace, per router policy ($CLUSTER_POLICIES, _SCALE, _LIMIT)
 #   tier      the host KV tier: `sim validate` of a trace whose shared prefixes outgrow a small
@@ -108,6 +108,9 @@ for part in $parts; do
         python3 -m lab.cli.sim gen --arrival gamma --cv 1.5 --rate 1.0 --input uniform:2048:28672 \
             --output uniform:32:512 --num 200 --prefix-groups 6 --prefix-len uniform:2048:12288 \
             --seed 7 --out build/long_prefix.jsonl
+        python3 -m lab.cli.sim gen --arrival gamma --cv 1.5 --rate 1.0 --input uniform:4096:36864 \
+            --output uniform:64:384 --num 200 --prefix-groups 12 --prefix-len uniform:1024:20480 \
+            --seed 23 --out build/long_prefix_40k.jsonl
         python3 scripts/trace_window.py traces/azure_code.csv --skip 3345 --limit 300 \
             --out build/azure_code_busy.csv
         pid=$(serve_bg 18500 "$out/attribution_server.log" --max-prefill-tokens 2048 \
@@ -128,10 +131,17 @@ for part in $parts; do
         wait "$pid" 2>/dev/null
         ;;
     cluster)  # two Qwen3-0.6B replicas sharing the GPU behind the in-process router, per policy
-        qprofile=$out/h200_qwen3-0.6b.csv
-        run profile_qwen3 200 python3 -m lab.cli.engine profile --model qwen3-0.6b --dummy-weights \
-            --tokenizer .gpu/tokenizer --device cuda --max-seconds "${CLUSTER_PROFILE_SECONDS:-90}" \
-            --out "$qprofile"
+        # CLUSTER_PROFILE=FILE: that profile instead of measuring one; CLUSTER_MPS=1: the
+        # replicas' processes share the GPU through the MPS daemon (started and stopped here)
+        qprofile=${CLUSTER_PROFILE:-$out/h200_qwen3-0.6b.csv}
+        if [ -z "${CLUSTER_PROFILE:-}" ]; then
+            run profile_qwen3 200 python3 -m lab.cli.engine profile --model qwen3-0.6b \
+                --dummy-weights --tokenizer .gpu/tokenizer --device cuda \
+                --max-seconds "${CLUSTER_PROFILE_SECONDS:-90}" --out "$qprofile"
+        fi
+        if [ "${CLUSTER_MPS:-0}" = 1 ]; then
+            nvidia-cuda-mps-control -d || { echo "MPS daemon did not start"; continue; }
+        fi
         for policy in ${CLUSTER_POLICIES:-round_robin cache_aware}; do
             python3 -m lab.cli.engine serve --model qwen3-0.6b --dummy-weights \
                 --tokenizer .gpu/tokenizer --device cuda --port 18600 --dp 2 --dp-share-gpu \
@@ -149,6 +159,7 @@ for part in $parts; do
             kill "$pid" 2>/dev/null
             wait "$pid" 2>/dev/null
         done
+        [ "${CLUSTER_MPS:-0}" = 1 ] && echo quit | nvidia-cuda-mps-control
         ;;
     tier)  # the host KV tier: a trace whose prefixes outgrow a small device pool, with and without
         python3 -m lab.cli.sim gen --rate "${TIER_RATE:-2.5}" --input uniform:8704:10240 \
@@ -168,6 +179,7 @@ for part in $parts; do
             kill "$pid" 2>/dev/null
             wait "$pid" 2>/dev/null
         done
+        [ "${CLUSTER_MPS:-0}" = 1 ] && echo quit | nvidia-cuda-mps-control
         ;;
     fastmax)  # FlashInfer's plan() with and without the tensor max, each twice in one run
         run fastmax_runner 300 python3 scripts/bench_gpu_runner.py --skip-prefill \
