@@ -20,7 +20,8 @@
 #             Azure conversation trace, a busy window of the code trace and two long-prompt
 #             traces with shared prefixes ($ATTR_RUNS, $ATTR_REPEATS)
 #   cluster   `engine serve --dp 2 --dp-share-gpu` of Qwen3-0.6B against its simulation on the
-#             Mooncake conversation trace, per router policy ($CLUSTER_POLICIES, _SCALE, _LIMIT)
+#             Mooncake conversation trace, per router policy ($CLUSTER_POLICIES, _SCALE, _LIMIT,
+#             _PROFILE, _MPS)
 #   tier      the host KV tier: `sim validate` of a trace whose shared prefixes outgrow a small
 #             device pool, with the tier off and on ($TIER_GB, $TIER_PAGES, $TIER_RATE)
 #   fastmax   decode steps and idle GPU time with FlashInfer's plan() taking the longest
