@@ -38,9 +38,6 @@ class StepPoint:
         ends = [s + n for s, n in self.prefill] + [p + 1 for p in self.decode]
         return [pages_for(e, page_size) for e in ends]
 
-    def pages_needed(self, page_size: int) -> int:
-        return sum(self.sequence_pages(page_size))
-
     def plan(self, page_size: int) -> Plan:
         """The plan of this point: rids ``p0..``/``d0..``, pages laid out one sequence after
         another from page 0."""
