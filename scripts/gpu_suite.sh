@@ -180,7 +180,6 @@ for part in $parts; do
             kill "$pid" 2>/dev/null
             wait "$pid" 2>/dev/null
         done
-        [ "${CLUSTER_MPS:-0}" = 1 ] && echo quit | nvidia-cuda-mps-control
         ;;
     fastmax)  # FlashInfer's plan() with and without the tensor max, each twice in one run
         run fastmax_runner 300 python3 scripts/bench_gpu_runner.py --skip-prefill \
