@@ -24,6 +24,7 @@ from sim.costs import load_cpu_costs, make_cost_model, read_profile
 from sim.costs.base import CpuCosts, GpuCostModel
 from sim.costs.copies import CopyCosts, copy_costs
 from sim.costs.presets import hardware
+from sim.costs.reach import Reach, reach_summary
 from sim.model.calls import RecordingScheduler
 from sim.model.cluster import Cluster
 from sim.model.pipeline import Pipeline
@@ -215,6 +216,9 @@ def run_replay(
         "runs": sum(r.loop.num_runs for r in replicas),
         "steps_in_runs": sum(r.loop.steps_in_runs for r in replicas),
     }
+    reach = Reach()
+    for r in replicas:
+        reach.merge(r.loop.reach)
     del sim, replicas  # their records are in the frames now; the summary's work needs the room
     stats = [s.stats() for s in schedulers]
     prompt = sum(st.prompt_tokens for st in stats)
@@ -227,7 +231,10 @@ def run_replay(
         slo_tpot_ms=config.slo_tpot_ms,
     )
     summary["config"] = config.to_dict()
-    summary["cost_model"] = gpu.describe() | {"chosen": config.cost_model_choice()}
+    summary["cost_model"] = gpu.describe() | {
+        "chosen": config.cost_model_choice(),
+        "reach": reach_summary(gpu.measured_reach(), reach),
+    }
     summary["cpu_costs"] = cpu.describe()
     summary["host_kv"] = host_kv_summary(stats, loop.copies)
     summary["trace"] = trace.describe()

@@ -17,6 +17,7 @@ from schema.tables import STEP_FORMATS, CsvTable, MemoryTable, TableWriter, tabl
 from schema.traces import TraceError, generate, load_trace
 from sim.config import CONFIG_KEYS, SimConfig, build_config
 from sim.costs import COST_MODELS, ProfileError
+from sim.costs.reach import reach_warning
 from sim.model.replica import FLUSH_STEPS
 from sim.replay import ReplayTables
 
@@ -136,6 +137,7 @@ def format_summary(summary: dict[str, Any]) -> str:
         f"cost model   {cm['name']} (profile: {cm['profile'] or 'none'})",
         f"chosen       {cm.get('chosen', 'as requested')}",
         f"provenance   {cm['provenance']}",
+        *(f"warning      {w}" for w in [reach_warning(cm.get("reach"))] if w),
         f"cpu costs    {summary['cpu_costs']['source']}",
         f"completed    {summary['completed']}   rejected {summary['rejected']}",
         f"duration     {summary['duration_s']:.1f} s simulated, {summary['num_steps']} steps, "

@@ -57,6 +57,7 @@ from schema.traces import Trace, load_trace
 from sim.config import CONFIG_KEYS, SCHEDULER_KEYS, SimConfig, build_config, read_config_file
 from sim.costs.committed import profile_dtype
 from sim.costs.profile import read_profile
+from sim.costs.reach import reach_warning
 from sim.replay import run_replay
 
 if TYPE_CHECKING:
@@ -178,6 +179,9 @@ def run_sim(args: argparse.Namespace, trace: Trace, config: SimConfig) -> RunRes
     write_outputs(result, out, report=not args.no_report)
     write_step_record(result.engine_steps, out)
     write_timeline(out / TIMELINE_NAME, result.requests, result.steps, "sim replay")
+    warning = reach_warning(result.summary["cost_model"]["reach"])
+    if warning:
+        print(f"warning: the simulation went {warning}", file=sys.stderr)
     return result
 
 

@@ -10,6 +10,7 @@ import numpy as np
 
 if TYPE_CHECKING:
     from core.scheduler.shape import StepShape
+    from sim.costs.reach import Reach
 
 
 class GpuCostModel(ABC):
@@ -50,6 +51,10 @@ class GpuCostModel(ABC):
         self, batch: int, context_tokens: int, longest: int, k: int
     ) -> np.ndarray:
         return self.decode_times(batch, context_tokens, longest, k)
+
+    def measured_reach(self) -> Reach | None:
+        """How far the measured steps behind this model reach (None: it measured none)."""
+        return None
 
     def describe(self) -> dict[str, object]:
         return {"name": self.name, "profile": self.profile, "provenance": self.provenance}

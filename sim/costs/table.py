@@ -39,6 +39,7 @@ from core.scheduler.shape import StepShape
 from sim.costs.base import GpuCostModel
 from sim.costs.fit import PiecewiseFit, relative_errors
 from sim.costs.profile import Profile, ProfileError, ProfileRow
+from sim.costs.reach import Reach, measured_reach
 
 
 @dataclass(frozen=True, slots=True)
@@ -179,6 +180,7 @@ class TableCostModel(GpuCostModel):
             self.device_decode, self.device_prefill = self._fits(fit_rows, device=True)
         self.tp = tp
         self.profile = profile.path
+        self.reach = measured_reach([r.shape for r in rows])
         holdout = [r for r in rows if r.split == "holdout"]
         self.errors = {"fit": self.errors_on(fit_rows), "holdout": self.errors_on(holdout)}
         if separate:
@@ -217,6 +219,9 @@ class TableCostModel(GpuCostModel):
             else:
                 parts.append(f"no {split} rows")
         return "; ".join(parts)
+
+    def measured_reach(self) -> Reach:
+        return self.reach
 
     def step_time(self, shape: StepShape) -> float:
         return self._time(shape, self.decode, self.prefill)

@@ -52,6 +52,7 @@ from core.scheduler import DecodeRun, Plan, SchedulerStats
 from core.scheduler.shape import StepShape
 from sim.costs.base import CpuCosts, GpuCostModel
 from sim.costs.copies import CopyCosts
+from sim.costs.reach import Reach
 from sim.model.step_record import StepRecordLog
 
 Process = Generator[simpy.Event, Any, None]
@@ -126,6 +127,7 @@ class SimSchedulerLoop:
         self.interruptible = False
         self._in_run = False  # waiting out a decode run that cut_run may cut
         self.record = StepRecordLog() if settings.record_steps else None
+        self.reach = Reach()  # the largest steps priced (``sim.costs.reach``)
         self._counts = (0, 0)  # waiting and running before the last schedule (when recorded)
 
     def run(self) -> Process:
@@ -189,6 +191,7 @@ class SimSchedulerLoop:
         yield env.timeout(duration)
         events = s.complete(plan, None)
         p.record_step(plan, shape, start, duration, stats)
+        self.reach.widen(shape)
         p.handle_events(plan, events, env.now)
 
     def _overlapped(self, plan: Plan, prev: Launched | None) -> Stepping:
@@ -209,6 +212,7 @@ class SimSchedulerLoop:
         launched = None
         if shape is not None:
             p.record_step(plan, shape, start, gpu, stats)
+            self.reach.widen(shape)
             launched = Launched(plan, start + gpu)
             if self.record is not None:
                 times = (now, now + schedule, launch, start + gpu)
@@ -276,6 +280,7 @@ class SimSchedulerLoop:
         if not waited and now < end:
             yield env.timeout(end - now)
         self._record_run(run, starts[:j], durations[:j], token_times[:j], stats)
+        self.reach.widen_run(batch, longest + j)  # the run's last step reads longest + j
         if self.record is not None:
             launched = begins + before_launch
             done = ends if prev is None else starts + gpu
