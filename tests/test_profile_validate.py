@@ -138,7 +138,8 @@ def test_sim_validate_end_to_end(
     assert len(regime["real_runs"]) == 2 and regime["real"] in REGIMES
     printed = capsys.readouterr()
     assert regime["sim"]["regime"] in REGIMES and "regime: real run: " in printed.out
-    assert "warning:" not in printed.err
+    # no hardware warning (the tiny grid is exceeded, so the reach warning may print)
+    assert "was measured on" not in printed.err
     again = tmp_path / "again"  # the recorded real runs, simulated again without the server
     args = ["validate", str(trace), "--real-from", str(out), "--profile", str(profile),
             "--out", str(again), "--no-progress"]  # fmt: skip
