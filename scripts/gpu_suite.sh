@@ -24,6 +24,8 @@
 #             _PROFILE, _MPS)
 #   tier      the host KV tier: `sim validate` of a trace whose shared prefixes outgrow a small
 #             device pool, with the tier off and on ($TIER_GB, $TIER_PAGES, $TIER_RATE)
+#   split     single steps with long decodes, a step's decode rows planned apart from its
+#             prefill chunk (and long ones cut into pieces) against all on the prefill wrapper
 #   fastmax   decode steps and idle GPU time with FlashInfer's plan() taking the longest
 #             sequence on the tensor (the default) and element by element
 #   serve     the offline workload over HTTP: Llama-3.1-8B (overlap on and off), Qwen3-0.6B
@@ -188,6 +190,17 @@ for part in $parts; do
         for v in 1 0; do
             SERVELAB_FLASHINFER_FAST_MAX=$v run "fastmax_overlap_$v" 150 \
                 python3 scripts/bench_gpu_overlap.py --batch 256 --out "$out/fastmax_overlap_$v.json"
+        done
+        ;;
+    split)  # decode rows planned apart from the chunk (long ones cut into pieces) or not, twice each
+        for v in 0 1 0 1; do
+            n=$(ls "$out" | grep -c "^split_${v}_.*csv$")
+            SERVELAB_SPLIT_DECODE_ROWS=$v run "split_${v}_$n" 240 python3 -m lab.cli.engine profile \
+                --model llama-3.1-8b --dummy-weights --tokenizer .gpu/tokenizer --device cuda \
+                --no-cpu-stages --prefill-tokens 2048 --prefill-prefixes 0 --prefill-chunks 1 \
+                --decode-batches 8,16,17,24,25,32,64 --decode-contexts 1024,32768,120000 \
+                --mixed-prefill 2048 --mixed-batches 1,8,16,64 --holdout 0 --repeats 5 \
+                --out "$out/split_${v}_$n.csv"
         done
         ;;
     serve)

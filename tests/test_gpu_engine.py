@@ -108,15 +108,31 @@ def _plans(prompt: list[int]) -> list[tuple[Plan, StepInputs]]:
 
 
 @pytest.mark.parametrize(
-    ("graphs", "fused"),
-    [(True, False), (False, False), (True, True)],
-    ids=["graphs", "eager", "graphs-fused"],
+    ("graphs", "fused", "split"),
+    [
+        (True, False, "1"),
+        (False, False, "1"),
+        (True, True, "1"),
+        (True, True, "pieces"),
+        (False, True, "0"),
+    ],
+    ids=["graphs", "eager", "graphs-fused", "pieces", "eager-unsplit"],
 )
 def test_flashinfer_logits_match_torch_backend(
-    reference: ModelRunner, graphs: bool, fused: bool, monkeypatch: pytest.MonkeyPatch
+    reference: ModelRunner,
+    graphs: bool,
+    fused: bool,
+    split: str,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    """``fused``: QK-norm, rotary and the KV write in one Triton kernel (``FusedOps``)."""
+    """``fused``: QK-norm, rotary and the KV write in one Triton kernel (``FusedOps``).
+    ``split``: decode rows planned apart from the prefill chunks ("1"), or all rows on the
+    prefill wrapper ("0"); "pieces" cuts every decode row past two 16-token pieces (each
+    step's decode rows here), so the decode steps run eagerly, their rows in pieces."""
     monkeypatch.setenv("SERVELAB_FUSED_ROPE_STORE", "1" if fused else "0")
+    monkeypatch.setenv("SERVELAB_SPLIT_DECODE_ROWS", "0" if split == "0" else "1")
+    if split == "pieces":
+        monkeypatch.setenv("SERVELAB_DECODE_PIECE_TOKENS", "16")
     runner = make_runner("flashinfer", graphs)
     assert (runner.graphs is not None) == graphs
     ops = runner.model.model.layers[0].self_attn.ops
@@ -133,7 +149,8 @@ def test_flashinfer_logits_match_torch_backend(
         same = got.argmax(-1) == want.argmax(-1)
         assert bool((same | ~clear).all()), (plan.step, same.tolist())
     if graphs:
-        assert runner.graphs is not None and runner.graphs.replays > 0
+        assert runner.graphs is not None
+        assert (runner.graphs.replays > 0) == (split != "pieces")
 
 
 def _generate(runner: ModelRunner, prompts: list[list[int]]) -> dict[str, list[int]]:
