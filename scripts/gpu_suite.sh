@@ -6,7 +6,8 @@
 #
 # Parts (default: all, in this order; each bounded by its own timeout):
 #   probe     where decode-graph capture spends its time (with and without PDL)
-#   tests     tests/test_gpu_engine.py (the TP=2 test needs two GPUs), tests/test_fused_rope.py
+#   tests     tests/test_gpu_engine.py (the TP=2 test needs two GPUs), tests/test_fused_rope.py,
+#             tests/test_decode_pieces.py
 #   runner    decode step time and prefill MFU, Llama-3.1-8B shape
 #   runner_tp2  decode step time at TP=2 over NCCL (two GPUs)
 #   ab        decode steps (device time from CUDA events, host launch time) and profiles,
@@ -26,6 +27,7 @@
 #             device pool, with the tier off and on ($TIER_GB, $TIER_PAGES, $TIER_RATE)
 #   split     single steps with long decodes, a step's decode rows planned apart from its
 #             prefill chunk (and long ones cut into pieces) against all on the prefill wrapper
+#             (SPLIT_EAGER=1: once more without CUDA graphs)
 #   fastmax   decode steps and idle GPU time with FlashInfer's plan() taking the longest
 #             sequence on the tensor (the default) and element by element
 #   serve     the offline workload over HTTP: Llama-3.1-8B (overlap on and off), Qwen3-0.6B
@@ -77,7 +79,7 @@ for part in $parts; do
         ;;
     tests)
         run tests 420 python3 -m pytest -q -x -p no:cacheprovider tests/test_gpu_engine.py \
-            tests/test_fused_rope.py
+            tests/test_fused_rope.py tests/test_decode_pieces.py
         ;;
     runner)
         run runner 300 python3 scripts/bench_gpu_runner.py --out "$out/runner_llama8b.json" \
@@ -193,9 +195,10 @@ for part in $parts; do
         done
         ;;
     split)  # decode rows planned apart from the chunk (long ones cut into pieces) or not, twice each
-        for v in 0 1 0 1; do
+        for v in 0 1 0 1 ${SPLIT_EAGER:+eager}; do
             n=$(ls "$out" | grep -c "^split_${v}_.*csv$")
-            SERVELAB_SPLIT_DECODE_ROWS=$v run "split_${v}_$n" 240 python3 -m lab.cli.engine profile \
+            graph=$([ "$v" = eager ] && echo --no-cuda-graph)
+            SERVELAB_SPLIT_DECODE_ROWS=${v/eager/1} run "split_${v}_$n" 240 python3 -m lab.cli.engine profile $graph \
                 --model llama-3.1-8b --dummy-weights --tokenizer .gpu/tokenizer --device cuda \
                 --no-cpu-stages --prefill-tokens 2048 --prefill-prefixes 0 --prefill-chunks 1 \
                 --decode-batches 8,16,17,24,25,32,64 --decode-contexts 1024,32768,120000 \

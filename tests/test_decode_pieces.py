@@ -11,7 +11,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from engine.attention.decode_pieces import cut, merge, piece_tokens
+from engine.attention.decode_pieces import cut, longest_walk, merge, piece_tokens
 
 
 @st.composite
@@ -61,6 +61,16 @@ def test_piece_tokens_spreads_the_kv_over_the_slots() -> None:
     assert pieces is not None and pieces.num_pieces == 29 + 16
 
 
+def test_longest_walk_follows_flashinfers_split() -> None:
+    """A 120,001-token row (7,501 pages) among 1,025-token rows, budget 33 chunks."""
+    long = np.array([7501] + [65] * 7)
+    assert longest_walk(long, 33, 8) == 289  # 26 chunks for the long row: 7,501 / 26
+    padded = np.concatenate((long, [65] * 9, [1] * 15))  # 17 rows in the graph of 32
+    assert longest_walk(padded, 33, 8) == 3751  # two chunks left for it
+    assert longest_walk(np.array([7501] + [65] * 40), 33, 8) == 7501  # no split at all
+    assert longest_walk(np.array([5, 3]), 33, 8) == 5  # below the smallest chunk
+
+
 def test_a_piece_must_be_whole_pages() -> None:
     with pytest.raises(ValueError, match="whole number"):
         cut(np.array([100], np.int32), np.array([4], np.int32), 16, 40)
@@ -100,3 +110,24 @@ def test_merging_the_pieces_is_attending_the_row(
     for row in range(lens.shape[0]):
         want, _ = _attend(q[row], kv[row][0], kv[row][1])
         assert torch.allclose(merged[row], want, atol=1e-9), row
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_the_merge_kernel_equals_the_torch_merge() -> None:
+    pytest.importorskip("triton")
+    from engine.attention import merge_kernel
+
+    lens = np.array([9000, 300, 20000, 4100], np.int32)
+    pieces = cut(lens, (lens - 1) % 16 + 1, 16, 2048)
+    assert pieces is not None
+    gen = torch.Generator(device="cuda").manual_seed(5)
+    count = pieces.num_pieces
+    out = torch.randn(count + 1, 32, 128, generator=gen, device="cuda").to(torch.bfloat16)
+    out[-1] = 0
+    lse = torch.randn(count + 1, 32, generator=gen, device="cuda") * 8
+    lse[-1] = float("-inf")
+    index = torch.from_numpy(pieces.merge_index).cuda()
+    want = merge(out, lse, index).float()
+    got = merge_kernel.merge(out, lse, index).float()
+    assert torch.allclose(got, want, atol=1e-2, rtol=1e-2)

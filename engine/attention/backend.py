@@ -72,8 +72,9 @@ class AttentionBackend(ABC):
     def prepare_graph(self, bs: int, meta: AttentionMetadata, out_slots: torch.Tensor) -> None:
         raise NotImplementedError(f"the {self.name} backend does not run in CUDA graphs")
 
-    def graph_fits(self, meta: AttentionMetadata) -> bool:
-        """Whether the decode step ``meta`` may replay a captured graph (else it runs eagerly)."""
+    def graph_fits(self, meta: AttentionMetadata, bs: int) -> bool:
+        """Whether the decode step ``meta`` may replay the graph captured for ``bs`` rows
+        (else it runs eagerly)."""
         return True
 
 

@@ -11,9 +11,11 @@ the walk; the pieces' outputs merge by their log-sum-exp (base 2, as FlashInfer
 returns it).
 
 The piece spreads the decode rows' KV evenly over the budget: ``piece_tokens``
-is ``max(min_tokens, total KV / slots)``, a whole number of pages, and only rows
-longer than two pieces are cut, so a step of rows of similar length is planned
-as it was.
+is ``max(min_tokens, total KV / slots)``, a whole number of pages. A step is cut
+only where FlashInfer's own split leaves one CTA more than two pieces to walk
+(``longest_walk``), and then only its rows longer than two pieces: a small batch
+holding one long request, or a batch of rows of similar length, is planned as
+it was (and keeps its CUDA graph).
 """
 
 from __future__ import annotations
@@ -53,6 +55,21 @@ def piece_tokens(kv_lens: np.ndarray, page_size: int, slots: int, min_tokens: in
     even = -(-int(kv_lens.sum()) // max(slots, 1))
     tokens = max(min_tokens, even, page_size)
     return -(-tokens // page_size) * page_size
+
+
+def longest_walk(pages: np.ndarray, budget: int, min_chunk: int) -> int:
+    """The most pages one CTA walks when FlashInfer splits sequences of ``pages`` pages (one
+    query tile each) into chunks: the smallest chunk of at least ``min_chunk`` pages that
+    keeps the chunks within ``budget``, or the longest sequence when none does."""
+    longest = int(pages.max())
+    low, high = min(min_chunk, longest), longest
+    while low < high:
+        mid = (low + high) // 2
+        if int((-(-pages // mid)).sum()) > budget:
+            low = mid + 1
+        else:
+            high = mid
+    return low
 
 
 def cut(

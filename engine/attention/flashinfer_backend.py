@@ -28,6 +28,7 @@ a plan on the tensor instead of element by element.
 
 from __future__ import annotations
 
+import importlib.util
 import os
 from dataclasses import dataclass
 from typing import Any
@@ -112,6 +113,11 @@ class FlashInferAttention(AttentionBackend):
                 backend="fa2",
             )
         self.min_piece = min_piece_tokens()
+        self.merge = decode_pieces.merge
+        if importlib.util.find_spec("triton") is not None:
+            from engine.attention import merge_kernel
+
+            self.merge = merge_kernel.merge
         sms = torch.cuda.get_device_properties(self.device).multi_processor_count
         self.slots = CTAS_PER_SM * sms // pool.num_kv_heads
         self.graph_wrappers: dict[int, Any] = {}
@@ -184,15 +190,22 @@ class FlashInferAttention(AttentionBackend):
         self._decode_part = None
         self.out_slots = out_slots
 
-    def _pieces(self, meta: AttentionMetadata) -> decode_pieces.Pieces | None:
-        """The cut of ``meta``'s decode rows, None when no row is long enough to cut."""
+    def _pieces(self, meta: AttentionMetadata, padding: int = 0) -> decode_pieces.Pieces | None:
+        """The cut of ``meta``'s decode rows (planned with ``padding`` one-page rows more),
+        None where FlashInfer's own split walks no more than two pieces in one CTA."""
         lens = meta.kv_lens[meta.num_prefill :].numpy()
-        piece = decode_pieces.piece_tokens(lens, meta.page_size, self.slots, self.min_piece)
+        size = meta.page_size
+        piece = decode_pieces.piece_tokens(lens, size, self.slots, self.min_piece)
+        if int(lens.max()) <= 2 * piece:
+            return None
+        pages = np.concatenate((-(-lens.astype(np.int64) // size), np.ones(padding, np.int64)))
+        if decode_pieces.longest_walk(pages, self.slots, max(128 // size, 1)) * size <= 2 * piece:
+            return None
         last = meta.last_page_len[meta.num_prefill :].numpy()
-        return decode_pieces.cut(lens, last, meta.page_size, piece)
+        return decode_pieces.cut(lens, last, size, piece)
 
-    def graph_fits(self, meta: AttentionMetadata) -> bool:
-        return self.decode is None or self._pieces(meta) is None
+    def graph_fits(self, meta: AttentionMetadata, bs: int) -> bool:
+        return self.decode is None or self._pieces(meta, bs - meta.num_seqs) is None
 
     def prepare(self, meta: AttentionMetadata) -> None:
         n = meta.num_prefill
@@ -304,7 +317,7 @@ class FlashInferAttention(AttentionBackend):
                 return_lse=True,
                 enable_pdl=self.pdl,
             )
-            decoded = decode_pieces.merge(part.out, part.lse, part.merge_index)
+            decoded = self.merge(part.out, part.lse, part.merge_index)
         if part.first_row == 0:
             return decoded
         prefilled: torch.Tensor = self.prefill.run(q[: part.first_row], kv, enable_pdl=self.pdl)

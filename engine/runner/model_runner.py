@@ -346,7 +346,7 @@ class ModelRunner:
         meta: AttentionMetadata,
     ) -> torch.Tensor:
         bs = self.graphs.bucket(layout.num_seqs) if self.graphs and layout.is_decode else None
-        if self.graphs is not None and bs is not None and self.attention.graph_fits(meta):
+        if self.graphs is not None and bs is not None and self.attention.graph_fits(meta, bs):
             return self.graphs.replay(bs, ids, positions, meta)
         self.attention.prepare(meta)
         hidden: torch.Tensor = self.model(ids, positions, self.attention)
