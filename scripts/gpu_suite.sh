@@ -201,8 +201,9 @@ for part in $parts; do
             SERVELAB_SPLIT_DECODE_ROWS=${v/eager/1} run "split_${v}_$n" 240 python3 -m lab.cli.engine profile $graph \
                 --model llama-3.1-8b --dummy-weights --tokenizer .gpu/tokenizer --device cuda \
                 --no-cpu-stages --prefill-tokens 2048 --prefill-prefixes 0 --prefill-chunks 1 \
-                --decode-batches 8,16,17,24,25,32,64 --decode-contexts 1024,32768,120000 \
-                --mixed-prefill 2048 --mixed-batches 1,8,16,64 --holdout 0 --repeats 5 \
+                --decode-batches 8,16,17,24,25,32,64 --decode-contexts 1024,4096,16384,32768,120000 \
+                --mixed-prefill 256,2048 --mixed-contexts 1024,4096,32768 --mixed-batches 1,8,16,64 \
+                --holdout 0 --repeats 5 \
                 --out "$out/split_${v}_$n.csv"
         done
         ;;

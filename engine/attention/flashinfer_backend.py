@@ -3,11 +3,13 @@
 - A step's prefill chunks go through the batch prefill wrapper (causal, ragged
   query rows), so prefix-cache hits and chunked prefill need nothing special.
 - Its decode rows, in a mixed step or an eager decode step, are planned apart,
-  on a second wrapper (one query row a sequence: the tensor-core decode):
-  planned with the chunk they would get its query tile of 128 rows for their
-  one token, and no split of their KV once the chunk fills the GPU (one CTA per
-  head walks the whole context: a 120k-token decode row made a 2,048-token
-  prefill step 3x longer). A decode row much longer than
+  on a second wrapper (one query row a sequence: the tensor-core decode), once
+  one of them is longer than two of the shortest pieces (8,192 tokens): planned
+  with the chunk they would get its query tile of 128 rows for their one token,
+  and no split of their KV once the chunk fills the GPU (one CTA per head walks
+  the whole context: a 120k-token decode row made a 2,048-token prefill step 3x
+  longer). Shorter, they stay with the chunk (one plan and one kernel a layer:
+  an eager step is bound by the host's launches). A decode row much longer than
   the others is cut into pieces (``engine.attention.decode_pieces``); a decode
   step with such a row runs eagerly instead of from its graph.
 - Other pure decode steps run inside CUDA graphs with FlashInfer's CUDA-graph
@@ -209,7 +211,11 @@ class FlashInferAttention(AttentionBackend):
 
     def prepare(self, meta: AttentionMetadata) -> None:
         n = meta.num_prefill
-        if self.decode is None or n == meta.num_seqs:
+        if (
+            self.decode is None
+            or n == meta.num_seqs
+            or int(meta.kv_lens[n:].max()) <= 2 * self.min_piece
+        ):
             self._plan(self.prefill, meta, meta.out_slots, meta.qo_indptr, causal=True)
             return
         self._before_plan()
