@@ -68,15 +68,15 @@ def test_a_step_widens_each_feature_to_its_largest() -> None:
 def test_the_longest_decode_read_is_the_last_token_of_the_longest_request(
     tmp_path: Path, flags: tuple[str, ...]
 ) -> None:
-    reach = _reach(tmp_path, _trace(tmp_path / "t.jsonl", 5000, 40), *flags)
-    assert reach["replayed"]["decode_longest"] == 5000 + 40 - 1
-    assert reach["replayed"]["prefill_tokens"] == 5000
-    assert reach["beyond"] == {"decode_longest": 5039}  # the H200 grid decodes up to 4,097
+    reach = _reach(tmp_path, _trace(tmp_path / "t.jsonl", 17000, 40), *flags)
+    assert reach["replayed"]["decode_longest"] == 17000 + 40 - 1
+    assert reach["replayed"]["prefill_tokens"] == 8192  # the chunk budget's chunks
+    assert reach["beyond"] == {"decode_longest": 17039}  # the H200 grid decodes up to 16,385
 
 
 def test_a_replay_inside_the_grid_goes_beyond_nothing(tmp_path: Path) -> None:
     reach = _reach(tmp_path, _trace(tmp_path / "t.jsonl", 512, 16))
-    assert reach["beyond"] == {} and reach["measured"]["decode_longest"] == 4097
+    assert reach["beyond"] == {} and reach["measured"]["decode_longest"] == 16385
 
 
 def test_the_roofline_measured_nothing(tmp_path: Path) -> None:
