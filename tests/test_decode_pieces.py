@@ -11,7 +11,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from engine.attention.decode_pieces import cut, longest_walk, merge, piece_tokens
+from engine.attention.decode_pieces import cut, longest_walk, merge, piece_tokens, plan_cut
 
 
 @st.composite
@@ -69,6 +69,30 @@ def test_longest_walk_follows_flashinfers_split() -> None:
     assert longest_walk(padded, 33, 8) == 3751  # two chunks left for it
     assert longest_walk(np.array([7501] + [65] * 40), 33, 8) == 7501  # no split at all
     assert longest_walk(np.array([5, 3]), 33, 8) == 5  # below the smallest chunk
+
+
+def _rows(*lens: int) -> tuple[np.ndarray, np.ndarray]:
+    kv = np.array(lens, np.int32)
+    return kv, ((kv - 1) % 16 + 1).astype(np.int32)
+
+
+@pytest.mark.parametrize(
+    ("lens", "padding", "pieces"),
+    [
+        ((120_001,) + (1025,) * 7, 0, None),  # the graph of 8: FlashInfer gives it 26 chunks
+        ((120_001,) + (1025,) * 16, 15, 29 + 16),  # 17 rows in the graph of 32: two chunks
+        ((120_001,) + (1025,) * 63, 0, 22 + 63),  # 64 rows: no split at all; pieces of 5,600
+        ((32_769,) * 16, 0, None),  # even rows: FlashInfer splits them in budget
+        ((120_001,), 0, None),  # alone (a mixed step's decode): 33 chunks of its own
+        ((1025,) * 40, 0, None),  # nothing long
+    ],
+)
+def test_plan_cut_cuts_where_flashinfers_split_leaves_a_long_walk(
+    lens: tuple[int, ...], padding: int, pieces: int | None
+) -> None:
+    kv, last = _rows(*lens)
+    got = plan_cut(kv, last, 16, 33, 4096, padding)
+    assert (got.num_pieces if got is not None else None) == pieces
 
 
 def test_a_piece_must_be_whole_pages() -> None:

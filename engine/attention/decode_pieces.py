@@ -72,6 +72,26 @@ def longest_walk(pages: np.ndarray, budget: int, min_chunk: int) -> int:
     return low
 
 
+def plan_cut(
+    kv_lens: np.ndarray,
+    last_page_len: np.ndarray,
+    page_size: int,
+    slots: int,
+    min_tokens: int,
+    padding: int = 0,
+) -> Pieces | None:
+    """The cut of decode rows of ``kv_lens`` tokens over ``slots`` CTAs a head (planned with
+    ``padding`` one-page rows more, as a CUDA graph pads its batch), or None where
+    FlashInfer's own split leaves no CTA more than two pieces to walk."""
+    piece = piece_tokens(kv_lens, page_size, slots, min_tokens)
+    if kv_lens.size == 0 or int(kv_lens.max()) <= 2 * piece:
+        return None
+    pages = np.concatenate((-(-kv_lens.astype(np.int64) // page_size), np.ones(padding, np.int64)))
+    if longest_walk(pages, slots, max(128 // page_size, 1)) * page_size <= 2 * piece:
+        return None
+    return cut(kv_lens, last_page_len, page_size, piece)
+
+
 def cut(
     kv_lens: np.ndarray, last_page_len: np.ndarray, page_size: int, piece: int
 ) -> Pieces | None:

@@ -193,18 +193,16 @@ class FlashInferAttention(AttentionBackend):
         self.out_slots = out_slots
 
     def _pieces(self, meta: AttentionMetadata, padding: int = 0) -> decode_pieces.Pieces | None:
-        """The cut of ``meta``'s decode rows (planned with ``padding`` one-page rows more),
-        None where FlashInfer's own split walks no more than two pieces in one CTA."""
-        lens = meta.kv_lens[meta.num_prefill :].numpy()
-        size = meta.page_size
-        piece = decode_pieces.piece_tokens(lens, size, self.slots, self.min_piece)
-        if int(lens.max()) <= 2 * piece:
-            return None
-        pages = np.concatenate((-(-lens.astype(np.int64) // size), np.ones(padding, np.int64)))
-        if decode_pieces.longest_walk(pages, self.slots, max(128 // size, 1)) * size <= 2 * piece:
-            return None
-        last = meta.last_page_len[meta.num_prefill :].numpy()
-        return decode_pieces.cut(lens, last, size, piece)
+        """The cut of ``meta``'s decode rows (``decode_pieces.plan_cut``)."""
+        n = meta.num_prefill
+        return decode_pieces.plan_cut(
+            meta.kv_lens[n:].numpy(),
+            meta.last_page_len[n:].numpy(),
+            meta.page_size,
+            self.slots,
+            self.min_piece,
+            padding,
+        )
 
     def graph_fits(self, meta: AttentionMetadata, bs: int) -> bool:
         return self.decode is None or self._pieces(meta, bs - meta.num_seqs) is None
