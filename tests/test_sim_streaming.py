@@ -21,7 +21,9 @@ PINS = json.loads((ROOT / "tests" / "data" / "replay_pins.json").read_text())
 """sha256 of the tables and the summary's figures of ``sim replay`` on the first 300 requests
 of the Mooncake trace (strict and overlapped), written before the tables streamed
 (``requests.csv`` re-pinned when it gained the server token columns, its other columns
-checked equal to the earlier file's)."""
+checked equal to the earlier file's), priced by ``PINNED_PROFILE``."""
+PINNED_PROFILE = ROOT / "reports/validate/h200/decode_split/h200_llama-3.1-8b_before_split.csv"
+"""The committed H200 profile when the pins were made (the default cost model then)."""
 EXACT_SUMS = {("itl_ms", "mean"), ("replicas", "busy_share")}
 """Now exact sums (``schema.exactsum``): equal to the pinned float sums to 1e-14."""
 TABLES = ("requests.csv", "steps.csv", "queues.csv")
@@ -52,7 +54,8 @@ def _close(pinned: object, got: object, path: tuple[str, ...] = ()) -> None:
 
 @pytest.mark.parametrize("mode", ["strict", "overlap"])
 def test_replay_outputs_equal_those_pinned_before_streaming(tmp_path: Path, mode: str) -> None:
-    summary = _replay(tmp_path, "--overlap" if mode == "overlap" else "--no-overlap")
+    overlap = "--overlap" if mode == "overlap" else "--no-overlap"
+    summary = _replay(tmp_path, overlap, "--profile", str(PINNED_PROFILE))
     pins = PINS[mode]
     for name in TABLES:
         assert hashlib.sha256((tmp_path / name).read_bytes()).hexdigest() == pins["files"][name]
