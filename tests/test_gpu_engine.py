@@ -128,9 +128,9 @@ def test_flashinfer_logits_match_torch_backend(
     """``fused``: QK-norm, rotary and the KV write in one Triton kernel (``FusedOps``).
     ``split``: "1" is the default (decode rows planned apart from the prefill chunks once one
     is past two 4,096-token pieces, which no row of these plans is), "0" keeps every row on
-    the prefill wrapper; "pieces" makes the shortest piece 16 tokens, so the mixed steps'
-    decode rows are planned apart and every decode row here is cut: the decode steps run
-    eagerly, their rows in pieces."""
+    the prefill wrapper; "pieces" makes the shortest piece 16 tokens, so the last mixed
+    step's decode rows are planned apart and cut, and so is every row of the decode steps,
+    which then run eagerly."""
     monkeypatch.setenv("SERVELAB_FUSED_ROPE_STORE", "1" if fused else "0")
     monkeypatch.setenv("SERVELAB_SPLIT_DECODE_ROWS", "0" if split == "0" else "1")
     if split == "pieces":
