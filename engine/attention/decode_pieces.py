@@ -128,7 +128,7 @@ def cut(
 def merge(out: torch.Tensor, lse: torch.Tensor, merge_index: torch.Tensor) -> torch.Tensor:
     """Each row's attention output from its pieces' outputs ``out`` (``[V + 1, heads, dim]``)
     and log-sum-exps ``lse`` (base 2, ``[V + 1, heads]``), whose last row is the empty state
-    (any output, ``-inf``) that ``merge_index`` (``[rows, width]``) pads with."""
+    (a finite output, ``-inf``) that ``merge_index`` (``[rows, width]``) pads with."""
     rows, width = merge_index.shape
     flat = merge_index.reshape(-1)
     heads, dim = out.shape[1], out.shape[2]
