@@ -24,16 +24,19 @@
 #             Mooncake conversation trace, per router policy ($CLUSTER_POLICIES, _SCALE, _LIMIT,
 #             _PROFILE, _MPS)
 #   tier      the host KV tier: `sim validate` of a trace whose shared prefixes outgrow a small
-#             device pool, with the tier off and on ($TIER_GB, $TIER_PAGES, $TIER_RATE)
+#             device pool, with the tier off and on ($TIER_GB, $TIER_PAGES, $TIER_RATE; or
+#             $TIER_TRACE with $TIER_LIMIT requests at $TIER_SCALE, e.g. the Mooncake trace)
 #   split     single steps with long decodes, a step's decode rows planned apart from its
 #             prefill chunk (and long ones cut into pieces) against all on the prefill wrapper
 #             (SPLIT_EAGER=1: once more without CUDA graphs)
 #   fastmax   decode steps and idle GPU time with FlashInfer's plan() taking the longest
 #             sequence on the tensor (the default) and element by element
 #   serve     the offline workload over HTTP: Llama-3.1-8B (overlap on and off), Qwen3-0.6B
-#   profile   `engine profile` of the Llama-3.1-8B shape -> OUT_DIR/h200_llama-3.1-8b.csv
-#   validate  the profile, then `sim validate` of the Azure conversation trace against a live
-#             server at rate scales $RATES (default "3 5 7", $LIMIT requests each, default 300);
+#   profile   `engine profile` of the Llama-3.1-8B shape over the committed profile's grid
+#             -> OUT_DIR/h200_llama-3.1-8b.csv
+#   validate  the profile (the committed grid), then `sim validate` of the Azure conversation
+#             trace against a live server at rate scales $RATES (default "3 5 7", $LIMIT
+#             requests each, default 300);
 #             PROFILE=FILE validates against FILE instead of measuring a new profile
 # Each part writes its JSON/log files into OUT_DIR; the last lines of each log are printed.
 # On the lent machine only 8 files come back: run it on a scratch folder and tar that into $OUT.
@@ -42,6 +45,9 @@ out=${1:?usage: gpu_suite.sh OUT_DIR [PART ...]}
 shift
 parts=${*:-probe tests runner runner_tp2 overlap serve profile}
 RATES=${RATES:-3 5 7}
+# the committed H200 profile's grid beyond the CUDA default: long prefixes and decodes
+LONG_GRID="--prefill-prefixes 0,4096,16384,32768 --decode-contexts 256,1024,4096,16384
+    --mixed-prefixes 0,32768 --mixed-contexts 4096,16384"
 LIMIT=${LIMIT:-300}
 mkdir -p "$out"
 source scripts/gpu_env.sh || exit 1
@@ -170,11 +176,13 @@ for part in $parts; do
         python3 -m lab.cli.sim gen --rate "${TIER_RATE:-2.5}" --input uniform:8704:10240 \
             --output fixed:64 --num "${TIER_NUM:-200}" --prefix-groups 40 --prefix-len fixed:8192 \
             --seed 11 --out build/tier_reuse.jsonl
+        tier_trace=${TIER_TRACE:-build/tier_reuse.jsonl}  # e.g. traces/mooncake_conversation.jsonl
+        tier_args=${TIER_TRACE:+--limit ${TIER_LIMIT:-200} --rate-scale ${TIER_SCALE:-0.4}}
         for gb in ${TIER_GB:-0 48}; do
             pid=$(serve_bg 18700 "$out/tier_gb${gb}_server.log" --num-pages "${TIER_PAGES:-2048}" \
                 --host-kv-gb "$gb")
             if wait_ready http://127.0.0.1:18700 "$pid" 240; then
-                run "tier_gb$gb" 300 python3 -m lab.cli.sim validate build/tier_reuse.jsonl \
+                run "tier_gb$gb" 300 python3 -m lab.cli.sim validate "$tier_trace" $tier_args \
                     --url http://127.0.0.1:18700 --profile profiles/h200_llama-3.1-8b.csv \
                     --tokenizer .gpu/tokenizer --max-running 256 --repeats 1 --no-report \
                     --no-progress --out "$out/tier_gb$gb"
@@ -216,17 +224,17 @@ for part in $parts; do
         run serve_qwen3 240 python3 scripts/bench_gpu_serve.py --model qwen3-0.6b --port 18200 \
             --out "$out/serve_qwen3.json"
         ;;
-    profile)
+    profile)  # the committed profile's grid (the "long grid")
         run profile 400 python3 -m lab.cli.engine profile --model llama-3.1-8b --dummy-weights \
-            --tokenizer .gpu/tokenizer --device cuda --max-seconds 240 \
+            --tokenizer .gpu/tokenizer --device cuda --max-seconds 240 $LONG_GRID \
             --out "$out/h200_llama-3.1-8b.csv"
         ;;
     validate)
         profile_csv=${PROFILE:-$out/h200_llama-3.1-8b.csv}
         if [ -z "${PROFILE:-}" ]; then
             run profile 300 python3 -m lab.cli.engine profile --model llama-3.1-8b --dummy-weights \
-                --tokenizer .gpu/tokenizer --device cuda --max-seconds "${PROFILE_SECONDS:-140}" \
-                --out "$profile_csv"
+                --tokenizer .gpu/tokenizer --device cuda --max-seconds "${PROFILE_SECONDS:-240}" \
+                $LONG_GRID --out "$profile_csv"
         fi
         pid=$(serve_bg 18400 "$out/validate_server.log")
         if wait_ready http://127.0.0.1:18400 "$pid" 240; then
