@@ -21,14 +21,15 @@
 #             Azure conversation trace, a busy window of the code trace and two long-prompt
 #             traces with shared prefixes ($ATTR_RUNS, $ATTR_REPEATS)
 #   cluster   `engine serve --dp 2 --dp-share-gpu` of Qwen3-0.6B against its simulation on the
-#             Mooncake conversation trace, per router policy ($CLUSTER_POLICIES, _SCALE, _LIMIT,
-#             _PROFILE, _MPS)
+#             Mooncake conversation trace or $CLUSTER_TRACE, per router policy ($CLUSTER_POLICIES,
+#             _SCALE, _LIMIT, _PROFILE, _MPS); the Qwen3 profile measures the long grid
 #   tier      the host KV tier: `sim validate` of a trace whose shared prefixes outgrow a small
 #             device pool, with the tier off and on ($TIER_GB, $TIER_PAGES, $TIER_RATE; or
-#             $TIER_TRACE with $TIER_LIMIT requests at $TIER_SCALE, e.g. the Mooncake trace)
+#             $TIER_TRACE with $TIER_LIMIT requests at $TIER_SCALE, e.g. a conversation sample of
+#             the Mooncake trace, scripts/trace_conversations.py); the server records its steps
 #   split     single steps with long decodes, a step's decode rows planned apart from its
 #             prefill chunk (and long ones cut into pieces) against all on the prefill wrapper
-#             (SPLIT_EAGER=1: once more without CUDA graphs)
+#             ($SPLIT_VARIANTS, default "0 1 0 1"; SPLIT_EAGER=1: once more without CUDA graphs)
 #   fastmax   decode steps and idle GPU time with FlashInfer's plan() taking the longest
 #             sequence on the tensor (the default) and element by element
 #   serve     the offline workload over HTTP: Llama-3.1-8B (overlap on and off), Qwen3-0.6B
@@ -147,7 +148,7 @@ for part in $parts; do
         qprofile=${CLUSTER_PROFILE:-$out/h200_qwen3-0.6b.csv}
         if [ -z "${CLUSTER_PROFILE:-}" ]; then
             run profile_qwen3 200 python3 -m lab.cli.engine profile --model qwen3-0.6b \
-                --dummy-weights --tokenizer .gpu/tokenizer --device cuda \
+                --dummy-weights --tokenizer .gpu/tokenizer --device cuda $LONG_GRID \
                 --max-seconds "${CLUSTER_PROFILE_SECONDS:-90}" --out "$qprofile"
         fi
         if [ "${CLUSTER_MPS:-0}" = 1 ]; then
@@ -160,7 +161,7 @@ for part in $parts; do
             pid=$!
             if wait_ready http://127.0.0.1:18600 "$pid" 240; then
                 run "cluster_$policy" 400 python3 -m lab.cli.sim validate \
-                    traces/mooncake_conversation.jsonl --url http://127.0.0.1:18600 \
+                    "${CLUSTER_TRACE:-traces/mooncake_conversation.jsonl}" --url http://127.0.0.1:18600 \
                     --profile "$qprofile" --tokenizer .gpu/tokenizer --limit "${CLUSTER_LIMIT:-600}" \
                     --rate-scale "${CLUSTER_SCALE:-2}" --repeats 1 --no-report --no-progress \
                     --out "$out/cluster_$policy"
@@ -180,9 +181,9 @@ for part in $parts; do
         tier_args=${TIER_TRACE:+--limit ${TIER_LIMIT:-200} --rate-scale ${TIER_SCALE:-0.4}}
         for gb in ${TIER_GB:-0 48}; do
             pid=$(serve_bg 18700 "$out/tier_gb${gb}_server.log" --num-pages "${TIER_PAGES:-2048}" \
-                --host-kv-gb "$gb")
+                --host-kv-gb "$gb" --record-steps "$out/tier_gb${gb}_steps_all.csv")
             if wait_ready http://127.0.0.1:18700 "$pid" 240; then
-                run "tier_gb$gb" 300 python3 -m lab.cli.sim validate "$tier_trace" $tier_args \
+                run "tier_gb$gb" "${TIER_TIMEOUT:-300}" python3 -m lab.cli.sim validate "$tier_trace" $tier_args \
                     --url http://127.0.0.1:18700 --profile profiles/h200_llama-3.1-8b.csv \
                     --tokenizer .gpu/tokenizer --max-running 256 --repeats 1 --no-report \
                     --no-progress --out "$out/tier_gb$gb"
@@ -203,7 +204,7 @@ for part in $parts; do
         done
         ;;
     split)  # decode rows planned apart from the chunk (long ones cut into pieces) or not, twice each
-        for v in 0 1 0 1 ${SPLIT_EAGER:+eager}; do
+        for v in ${SPLIT_VARIANTS:-0 1 0 1} ${SPLIT_EAGER:+eager}; do
             n=$(ls "$out" | grep -c "^split_${v}_.*csv$")
             graph=$([ "$v" = eager ] && echo --no-cuda-graph)
             SERVELAB_SPLIT_DECODE_ROWS=${v/eager/1} run "split_${v}_$n" 240 python3 -m lab.cli.engine profile $graph \

@@ -1,0 +1,69 @@
+"""``scripts/trace_conversations.py``: whole conversations kept, lines unchanged, in order."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "trace_conversations.py"
+sys.path.insert(0, str(SCRIPT.parent))
+
+from trace_conversations import conversation_key, sample  # noqa: E402
+
+from schema.traces import load_trace  # noqa: E402
+
+
+def line(t: float, conv: int, turn: int) -> str:
+    """A request of conversation ``conv``: the shared block 0, the conversation's block,
+    then one block per earlier turn (a turn's prompt holds the conversation so far)."""
+    ids = [0, 1000 + conv] + [10_000 * conv + k for k in range(turn)]
+    return json.dumps({"timestamp": t, "input_length": 512 * len(ids), "output_length": 8,
+                       "hash_ids": ids}) + "\n"  # fmt: skip
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    turns=st.lists(st.integers(1, 4), min_size=1, max_size=12),
+    fraction=st.floats(0.05, 1.0),
+    seed=st.integers(0, 5),
+)
+def test_sample_keeps_whole_conversations_in_order(
+    turns: list[int], fraction: float, seed: int
+) -> None:
+    lines = [line(float(i), c, k) for i, (c, k) in enumerate(
+        (c, k) for c, n in enumerate(turns) for k in range(n))]  # fmt: skip
+    lines.sort(key=lambda s: json.loads(s)["timestamp"])
+    kept = sample(lines, fraction, seed, key_blocks=2, keep_single=False)
+    assert kept == [x for x in lines if x in kept]  # order and text unchanged
+    kept_convs = {conversation_key(x, 2) for x in kept}
+    for conv in kept_convs:  # every turn of a kept conversation, and never a single
+        whole = [x for x in lines if conversation_key(x, 2) == conv]
+        assert len(whole) > 1 and all(x in kept for x in whole)
+    if fraction == 1.0:
+        assert len(kept) == sum(n for n in turns if n > 1)
+    with_single = sample(lines, 1.0, seed, key_blocks=2, keep_single=True)
+    assert with_single == lines
+
+
+def test_command_writes_a_trace_the_reader_takes(tmp_path: Path) -> None:
+    src = tmp_path / "conv.jsonl"
+    src.write_text("".join(line(100.0 * i + c, c, i) for i in range(3) for c in range(20)))
+    out = tmp_path / "sample.jsonl"
+    done = subprocess.run(
+        [sys.executable, str(SCRIPT), str(src), "--fraction", "0.5", "--seed", "3",
+         "--out", str(out)], capture_output=True, text=True, check=True,
+    )  # fmt: skip
+    requests = load_trace(out).requests
+    assert f"wrote {len(requests)} requests" in done.stdout
+    assert 0 < len(requests) < 60 and len(requests) % 3 == 0  # whole conversations of 3
+    assert requests[0].arrival == 0.0  # arrivals relative to the first kept request
+    bad = subprocess.run(
+        [sys.executable, str(SCRIPT), str(tmp_path / "t.csv"), "--fraction", "0.5",
+         "--out", str(out)], capture_output=True, text=True,
+    )  # fmt: skip
+    assert bad.returncode == 2 and "a .jsonl trace" in bad.stderr
