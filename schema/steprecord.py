@@ -26,6 +26,11 @@ admitted) have no row, so ``step`` (the core's step number) may skip.
 The engine writes the times as epoch seconds (``time.time()``, the clock of
 the ``meta_info`` stamps); ``engine bench --server-steps`` keeps the steps
 scheduled during its run and moves them onto the run's clock.
+
+With several replicas (``engine serve --dp N``, ``sim replay --replicas N``)
+each replica's scheduler has its own steps: the engine writes replica k's to
+``replica_record_path(PATH, k, N)``, and a run's table holds them all with a
+last column, ``replica``, in (replica, step) order.
 """
 
 from __future__ import annotations
@@ -63,6 +68,8 @@ STEP_RECORD_COLUMNS = (
     *SHAPE_COLUMNS,
 )
 STEP_RECORD_NAME = "engine_steps.csv"
+REPLICA_COLUMN = "replica"
+"""The last column of a record of several replicas: the replica that ran the step."""
 
 
 TIME_COLUMNS = ("schedule_start", "schedule_end", "launched", "done")
@@ -72,24 +79,34 @@ FLOAT_COLUMNS = (*TIME_COLUMNS, "device_ms")
 others are int64."""
 
 
+def replica_record_path(path: Path, replica: int, replicas: int) -> Path:
+    """The file replica ``replica`` of ``replicas`` writes for ``--record-steps path``:
+    ``path`` itself for one replica, else ``STEM.replicaK.SUFFIX`` beside it."""
+    if replicas == 1:
+        return path
+    return path.with_name(f"{path.stem}.replica{replica}{path.suffix}")
+
+
 def read_step_record(path: Path) -> pd.DataFrame:
-    """A step record as a frame with ``STEP_RECORD_COLUMNS`` in order, typed as ``FLOAT_COLUMNS``
-    says, its steps in step order; ``ValueError`` naming ``path`` when its header or a cell
-    does not fit or a step lacks one of its times."""
+    """A step record as a frame with ``STEP_RECORD_COLUMNS`` in order (and ``replica`` after
+    them where the file has it), typed as ``FLOAT_COLUMNS`` says, in step order (replica by
+    replica); ``ValueError`` naming ``path`` when its header or a cell does not fit or a
+    step lacks one of its times."""
     import pandas as pd
 
     with path.open(newline="") as f:
-        header = next(csv.reader(f), [])
-    if tuple(header) != STEP_RECORD_COLUMNS:
+        header = tuple(next(csv.reader(f), []))
+    if header not in (STEP_RECORD_COLUMNS, (*STEP_RECORD_COLUMNS, REPLICA_COLUMN)):
         raise ValueError(
-            f"{path} is not a step record: its columns are {header}, "
-            f"expected {list(STEP_RECORD_COLUMNS)}"
+            f"{path} is not a step record: its columns are {list(header)}, "
+            f"expected {list(STEP_RECORD_COLUMNS)} (and {REPLICA_COLUMN!r} with several replicas)"
         )
-    dtypes = {c: "float64" if c in FLOAT_COLUMNS else "int64" for c in STEP_RECORD_COLUMNS}
+    dtypes = {c: "float64" if c in FLOAT_COLUMNS else "int64" for c in header}
     try:
         frame = pd.read_csv(path, dtype=dtypes)
     except ValueError as exc:
         raise ValueError(f"{path}: a cell is not a number of its column's type: {exc}") from None
     if frame[list(TIME_COLUMNS)].isna().to_numpy().any():
         raise ValueError(f"{path}: a step lacks one of its times")
-    return frame.sort_values("step", kind="stable").reset_index(drop=True)
+    order = [REPLICA_COLUMN, "step"] if REPLICA_COLUMN in header else ["step"]
+    return frame.sort_values(order, kind="stable").reset_index(drop=True)

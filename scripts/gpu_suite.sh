@@ -22,7 +22,8 @@
 #             traces with shared prefixes ($ATTR_RUNS, $ATTR_REPEATS)
 #   cluster   `engine serve --dp 2 --dp-share-gpu` of Qwen3-0.6B against its simulation on the
 #             Mooncake conversation trace or $CLUSTER_TRACE, per router policy ($CLUSTER_POLICIES,
-#             _SCALE, _LIMIT, _PROFILE, _MPS); the Qwen3 profile measures the long grid
+#             _SCALE, _LIMIT, _PROFILE, _MPS); the Qwen3 profile measures the long grid; each
+#             replica records its steps (the attribution sets the profile against each one's)
 #   tier      the host KV tier: `sim validate` of a trace whose shared prefixes outgrow a small
 #             device pool, with the tier off and on ($TIER_GB, $TIER_PAGES, $TIER_RATE; or
 #             $TIER_TRACE with $TIER_LIMIT requests at $TIER_SCALE, e.g. a conversation sample of
@@ -157,7 +158,8 @@ for part in $parts; do
         for policy in ${CLUSTER_POLICIES:-round_robin cache_aware}; do
             python3 -m lab.cli.engine serve --model qwen3-0.6b --dummy-weights \
                 --tokenizer .gpu/tokenizer --device cuda --port 18600 --dp 2 --dp-share-gpu \
-                --router "$policy" >"$out/cluster_${policy}_server.log" 2>&1 &
+                --router "$policy" --record-steps "$out/cluster_${policy}_steps.csv" \
+                >"$out/cluster_${policy}_server.log" 2>&1 &
             pid=$!
             if wait_ready http://127.0.0.1:18600 "$pid" 240; then
                 run "cluster_$policy" 400 python3 -m lab.cli.sim validate \

@@ -63,13 +63,13 @@ def validation_config(overlap: bool) -> SimConfig:
 
 
 def validate_again(
-    tmp_path: Path, overlap: bool, factor: float | None, record: bool
+    tmp_path: Path, overlap: bool, factor: float | None, record: bool, replicas: int = 1
 ) -> tuple[Path, RunResult]:
     """A simulated run (its steps ``factor`` x the model's, if given; with its step record, if
     ``record``) written as the real run of an earlier validation, then ``sim validate
     --real-from`` on it: its output folder, and the run."""
     trace = load_trace(TRACE, limit=LIMIT, rate_scale=RATE_SCALE)
-    config = validation_config(overlap)
+    config = replace(validation_config(overlap), replicas=replicas)
     costs = None
     if factor is not None:
         gpu, cpu = build_costs(config)
@@ -159,6 +159,26 @@ def test_a_planted_step_time_error_lands_in_the_step_time_part(tmp_path: Path) -
         assert e["parts"]["step_time_model"]["abs"] == pytest.approx(total, rel=0.02), key
         for p in ("cpu_stages", "scheduling_divergence"):
             assert abs(e["parts"][p]["abs"]) <= 0.02 * abs(total), (key, p)
+
+
+def test_a_simulated_cluster_against_itself_prices_each_replica_s_steps_exactly(
+    tmp_path: Path,
+) -> None:
+    """Several replicas: no split into parts, the cost model on each replica's plans."""
+    out, real = validate_again(tmp_path, overlap=True, factor=1.25, record=True, replicas=2)
+    assert set(real.engine_steps["replica"]) == {0, 1}
+    attribution = json.loads((out / "attribution.json").read_text())
+    assert attribution["note"].startswith("2 replicas: the cost model on each replica's")
+    run = attribution["runs"]["real-1"]
+    assert run["recorded_steps"] == len(real.engine_steps) and "metrics" not in run
+    assert set(run["replicas"]) == {"0", "1"}
+    for k, steps in run["replicas"].items():
+        mine = real.engine_steps[real.engine_steps["replica"] == int(k)]
+        assert steps["all"]["step"]["n"] == len(mine) > 20
+        assert steps["all"]["step"]["error"] == pytest.approx(1 / 1.25 - 1)  # the planted 25 %
+        assert steps["all"]["device"]["error"] == pytest.approx(1 / 1.25 - 1)
+    section = attribution_section(attribution)
+    assert "real-1, replica 1" in section.body and "C - B" not in section.body
 
 
 class Linear(GpuCostModel):

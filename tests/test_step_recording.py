@@ -10,6 +10,7 @@ import threading
 import time
 from collections.abc import Iterator
 from contextlib import suppress
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -27,7 +28,7 @@ from engine.sampling import SamplingParams
 from engine.scheduler_proc.driver import Launched, StepDriver
 from engine.scheduler_proc.recorder import Launch, StepRecorder
 from lab.bench.client import RequestRecord
-from lab.bench.main import bench_main, server_steps_path
+from lab.bench.main import bench_main, server_steps_paths
 from lab.bench.server import ServerInfo
 from lab.bench.server_steps import run_steps
 from schema.steprecord import (
@@ -36,6 +37,7 @@ from schema.steprecord import (
     STEP_RECORD_COLUMNS,
     STEP_RECORD_NAME,
     read_step_record,
+    replica_record_path,
 )
 from schema.tables import write_csv
 
@@ -102,17 +104,47 @@ def test_the_bench_keeps_the_run_steps_on_its_clock(tmp_path: Path) -> None:
     path = tmp_path / "steps.csv"
     record_plans(path, [None, 2.0])  # steps scheduled at EPOCH0 + 0.12 and EPOCH0 + 1.12
     last = RequestRecord("r", 0.0, 1, 1, meta={"token_times": [EPOCH0 + 1.12]})
-    steps = run_steps(path, [last], EPOCH0 + 0.5, wall_s=1.0, wait_s=0.0)
+    steps = run_steps([path], [last], EPOCH0 + 0.5, wall_s=1.0, wait_s=0.0)
     assert steps["step"].tolist() == [3]
     assert steps["schedule_start"][0] == pytest.approx(0.623456789)
     assert steps["done"][0] == pytest.approx(0.626456789)
 
 
-def test_bench_names_a_server_that_records_nothing() -> None:
+def test_replicas_records_become_one_table_with_a_replica_column(tmp_path: Path) -> None:
+    named = tmp_path / "engine_steps.csv"
+    assert replica_record_path(named, 0, 1) == named
+    paths = [replica_record_path(named, k, 2) for k in range(2)]
+    assert [p.name for p in paths] == ["engine_steps.replica0.csv", "engine_steps.replica1.csv"]
+    record_plans(paths[0], [None, 2.0])
+    record_plans(paths[1], [1.0, None])
+    last = RequestRecord("r", 0.0, 1, 1, meta={"token_times": [EPOCH0 + 1.12]})
+    steps = run_steps(paths, [last], EPOCH0, wall_s=2.0, wait_s=0.0)
+    assert steps["replica"].tolist() == [0, 0, 1, 1] and steps["step"].tolist() == [1, 3, 1, 3]
+    assert list(steps.columns) == [*STEP_RECORD_COLUMNS, "replica"]
+    write_csv(steps, tmp_path / "run.csv")  # as the bench writes it: read back in (replica, step)
+    again = read_step_record(tmp_path / "run.csv")
+    pd.testing.assert_frame_equal(again, steps, check_dtype=False)
+    assert again["replica"].dtype == np.int64
+    shuffled = tmp_path / "shuffled.csv"
+    write_csv(steps.iloc[::-1], shuffled)
+    pd.testing.assert_frame_equal(read_step_record(shuffled), again)
+    (tmp_path / "bad.csv").write_text(",".join([*STEP_RECORD_COLUMNS, "shard"]) + "\n")
+    with pytest.raises(ValueError, match="'replica' with several replicas"):
+        read_step_record(tmp_path / "bad.csv")
+
+
+def test_bench_names_a_server_that_records_nothing(tmp_path: Path) -> None:
     info = ServerInfo("http://x", "m", "engine", None, None, None, False)
     with pytest.raises(ValueError, match="records no steps"):
-        server_steps_path("", info)
-    assert server_steps_path(None, info) is None
+        server_steps_paths("", info)
+    assert server_steps_paths(None, info) is None
+    named = tmp_path / "steps.csv"
+    two = replace(info, record_steps=str(named), dp=2)
+    record_plans(replica_record_path(named, 0, 2), [None, None])
+    with pytest.raises(ValueError, match=r"no step record at .*steps\.replica1\.csv"):
+        server_steps_paths("", two)
+    record_plans(replica_record_path(named, 1, 2), [None, None])
+    assert server_steps_paths("", two) == [replica_record_path(named, k, 2) for k in range(2)]
 
 
 # ---------------------------------------------------------------- live server

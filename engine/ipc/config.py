@@ -36,7 +36,8 @@ class ServeConfig(msgspec.Struct, kw_only=True):
         finish (0: stop at once). A request body over ``max_request_bytes`` is a 413.
     With ``gc_freeze`` every process freezes its heap once it is ready
     (``engine.ipc.heap``). With ``record_steps`` (an absolute path) scheduler
-    rank 0 writes the step record there (``schema.steprecord``). ``hardware``
+    rank 0 writes the step record there (``schema.steprecord``; each replica's to
+    ``replica_record_path(record_steps, replica, dp_size)``). ``hardware``
     is what scheduler rank 0 runs on (``engine.runner.hardware``, the words of a
     profile's header), set in the frontend once the ranks are ready.
 

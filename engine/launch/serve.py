@@ -147,7 +147,8 @@ def build_parser() -> argparse.ArgumentParser:
         type=Path,
         metavar="PATH",
         help="write every step scheduler rank 0 runs to PATH as CSV (the step record: "
-        "schema/steprecord.py), in batches and at exit",
+        "schema/steprecord.py), in batches and at exit; with --dp N, replica K's to "
+        "STEM.replicaK.SUFFIX beside PATH",
     )
     p.add_argument("--cpu-threads", type=positive_int, default=None, help="torch threads per rank")
     p.add_argument("--seed", type=int, default=0)
@@ -241,8 +242,6 @@ def serve_main(argv: list[str] | None = None) -> int:
     record = args.record_steps
     if record is not None and (record.is_dir() or not record.resolve().parent.is_dir()):
         parser.exit(2, f"error: --record-steps {record}: not a file in an existing folder\n")
-    if record is not None and args.dp > 1:
-        parser.exit(2, "error: --record-steps records one scheduler; it takes --dp 1\n")
     try:
         listener = bind_listener(args.host, args.port)
     except OSError as exc:

@@ -14,8 +14,9 @@ before it finishes step N::
 so the GPU runs N+1 while the host completes N and forms N+2. Without it,
 every step is finished before the next is scheduled; the calls are the same.
 
-With ``record_steps`` rank 0 writes the step record there
-(``engine.scheduler_proc.recorder``): flushed whenever the loop falls idle, and
+With ``record_steps`` rank 0 writes the step record there, or with several
+replicas to its replica's file beside it (``schema.steprecord.replica_record_path``;
+``engine.scheduler_proc.recorder``): flushed whenever the loop falls idle, and
 at exit (SIGTERM included).
 """
 
@@ -37,6 +38,7 @@ from engine.runner.args import RunnerArgs
 from engine.runner.hardware import hardware
 from engine.scheduler_proc.driver import Launched, StepDriver
 from engine.scheduler_proc.recorder import StepRecorder
+from schema.steprecord import replica_record_path
 
 if TYPE_CHECKING:
     from engine.runner.tp import TPLeader
@@ -95,9 +97,10 @@ def serve_rank0(cfg: ServeConfig, leader: TPLeader) -> None:
     )
     recorder = None
     if cfg.record_steps is not None:
-        recorder = StepRecorder(Path(cfg.record_steps))
+        path = replica_record_path(Path(cfg.record_steps), cfg.replica, cfg.dp_size)
+        recorder = StepRecorder(path)
         runner.time_steps = True
-        log.info("recording every step in %s", cfg.record_steps)
+        log.info("recording every step in %s", path)
     engine = StepDriver(sched_cfg, leader.launch, cfg.eos_token_ids, recorder)
     ctx, inbox, (to_detok, to_frontend) = open_sockets(
         cfg.scheduler_addr, cfg.detokenizer_addr, cfg.frontend_addr

@@ -1,4 +1,5 @@
-"""The step record of scheduler rank 0 (``engine serve --record-steps PATH``).
+"""The step record of scheduler rank 0 (``engine serve --record-steps PATH``; with
+``--dp N``, each replica's rank 0 to its own file, ``schema.steprecord.replica_record_path``).
 
 One row per step that ran a plan on the model, in ``schema.steprecord``'s
 columns, times in epoch seconds. A step costs the recorder a few clock reads,

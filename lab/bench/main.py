@@ -21,7 +21,7 @@ from lab.bench.server import ServerInfo, server_info
 from lab.outputs import write_outputs
 from schema.perfetto import TIMELINE_NAME, write_timeline
 from schema.run import RunResult
-from schema.steprecord import STEP_RECORD_NAME
+from schema.steprecord import STEP_RECORD_NAME, replica_record_path
 from schema.tables import write_csv
 from schema.traces import TraceError, load_trace
 
@@ -71,7 +71,8 @@ def build_parser() -> argparse.ArgumentParser:
         const="",
         metavar="PATH",
         help=f"write {STEP_RECORD_NAME}: the steps the server recorded during the run, read "
-        "from PATH (the file of its --record-steps; without PATH, the one its model card names)",
+        "from PATH (the file of its --record-steps; without PATH, the one its model card names; "
+        "a server of several replicas writes a file per replica beside it, all read)",
     )
     p.add_argument("--slo-ttft-ms", type=float)
     p.add_argument("--slo-tpot-ms", type=float)
@@ -107,9 +108,10 @@ def write_bench(result: RunResult, out: Path, *, report: bool, timeline: bool) -
         write_timeline(out / TIMELINE_NAME, result.requests, result.steps, "engine bench")
 
 
-def server_steps_path(given: str | None, info: ServerInfo) -> Path | None:
-    """The step record to read after the run: ``given`` (``""``: the one the server names);
-    ``ValueError`` when there is none to read."""
+def server_steps_paths(given: str | None, info: ServerInfo) -> list[Path] | None:
+    """The step record to read after the run: ``given`` (``""``: the one the server names),
+    a file per replica of the server (``replica_record_path``); ``ValueError`` when there
+    is none to read."""
     if given is None:
         return None
     if info.ours and info.record_steps is None:
@@ -117,10 +119,11 @@ def server_steps_path(given: str | None, info: ServerInfo) -> Path | None:
     named = given or info.record_steps
     if not named:
         raise ValueError(f"{info.url} names no step record; give --server-steps PATH")
-    path = Path(named)
-    if not path.is_file():
-        raise ValueError(f"--server-steps: no step record at {path}")
-    return path
+    paths = [replica_record_path(Path(named), k, info.dp) for k in range(info.dp)]
+    for path in paths:
+        if not path.is_file():
+            raise ValueError(f"--server-steps: no step record at {path}")
+    return paths
 
 
 def bench_main(argv: list[str] | None = None) -> int:
@@ -133,7 +136,7 @@ def bench_main(argv: list[str] | None = None) -> int:
         meta = info.ours if args.server_timestamps == "auto" else args.server_timestamps == "on"
         target = Target(info.url, args.model or info.model, meta, args.api_key)
         salt = fresh_salt() if args.prompt_salt is None else args.prompt_salt
-        steps_path = server_steps_path(args.server_steps, info)
+        steps_path = server_steps_paths(args.server_steps, info)
         config = {
             "server": info.owned_by,
             "tokenizer": folder,

@@ -58,11 +58,11 @@ def run_bench(
     slo_tpot_ms: float | None = None,
     config: dict[str, Any] | None = None,
     gc_freeze: bool = True,
-    server_steps: Path | None = None,
+    server_steps: list[Path] | None = None,
 ) -> RunResult:
     """Replay ``trace`` against ``target``; the result in ``sim replay``'s schema (a
-    ``BenchResult``, with the engine's step record of the run read from ``server_steps``
-    when given)."""
+    ``BenchResult``, with the engine's step record of the run read from ``server_steps``,
+    a file per replica, when given)."""
     import pandas as pd
 
     prompts = [maker.text(r) for r in trace.requests]
@@ -105,5 +105,8 @@ def run_bench(
     engine_steps = None
     if server_steps is not None:
         engine_steps = run_steps(server_steps, run.records, run.epoch0, run.wall_s)
-        summary["bench"]["server_steps"] = {"path": str(server_steps), "steps": len(engine_steps)}
+        summary["bench"]["server_steps"] = {
+            "path": ", ".join(str(p) for p in server_steps),
+            "steps": len(engine_steps),
+        }
     return BenchResult(json_safe(summary), requests, steps, queues, itl, engine_steps)

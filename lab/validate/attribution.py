@@ -36,6 +36,12 @@ Beside it, per run: the cost model against the recorded steps on identical
 plans (``lab.validate.step_errors``), and how many of A's steps matched a
 recorded step (``plans``): a replay that forms the plans the engine formed
 matches nearly all of them; a low share is the divergence in plans itself.
+
+A server of several replicas (``engine serve --dp N --record-steps``) records a
+table with a ``replica`` column. B and A replay one server, so there the
+attribution is the cost model against each replica's recorded plans
+(``replicas``, the same table per replica): where replicas share a device, it
+says how much slower their steps ran than the profile of one replica alone.
 """
 
 from __future__ import annotations
@@ -48,7 +54,7 @@ import pandas as pd
 
 from lab.validate.compare import THROUGHPUTS
 from lab.validate.step_errors import format_step_errors, step_errors
-from schema.steprecord import STEP_RECORD_NAME, read_step_record
+from schema.steprecord import REPLICA_COLUMN, STEP_RECORD_NAME, read_step_record
 from schema.traces import Trace
 from sim.config import SimConfig
 from sim.costs.base import CpuCosts, GpuCostModel
@@ -150,6 +156,18 @@ def attribute_run(
     }
 
 
+def replica_steps(config: SimConfig, run: RealRun) -> dict[str, Any]:
+    """The cost model against each replica's recorded plans in ``run``."""
+    gpu, cpu = build_costs(config)
+    out = {}
+    for k in range(config.replicas):
+        mine = run.record[REPLICA_COLUMN] == k
+        record = run.record[mine].drop(columns=REPLICA_COLUMN).reset_index(drop=True)
+        if len(record):
+            out[str(k)] = step_errors(RecordedCostModel(record, gpu, config.overlap), record, cpu)
+    return {"recorded_steps": len(run.record), "replicas": out}
+
+
 def attribute(
     trace: Trace,
     config: SimConfig,
@@ -171,8 +189,19 @@ def attribute(
     if not runs:
         return {"note": f"no error attribution: {missing} (record the server's steps: "
                         "engine serve --record-steps, engine bench --server-steps)"}  # fmt: skip
-    if config.replicas != 1:
-        raise ValueError("the attribution replays one server (replicas = 1)")
+    several = [r.name for r in runs if REPLICA_COLUMN in r.record.columns]
+    if several != ([r.name for r in runs] if config.replicas > 1 else []):
+        raise ValueError(
+            f"the step records of {', '.join(r.name for r in runs)} do not match the "
+            f"simulation's {config.replicas} replica(s): a record of several replicas has a "
+            f"{REPLICA_COLUMN!r} column"
+        )
+    if config.replicas > 1:
+        note = (f"{config.replicas} replicas: the cost model on each replica's recorded plans "
+                "(the three-part split replays one server)")  # fmt: skip
+        if lacking:
+            note += f"; {missing}"
+        return {"note": note, "runs": {r.name: replica_steps(config, r) for r in runs}}
     out: dict[str, Any] = {
         "order": ORDER,
         "parts": list(PARTS),
@@ -190,9 +219,15 @@ def format_attribution(attribution: dict[str, Any]) -> str:
     if "runs" not in attribution:
         return str(attribution["note"])
     head = f"{'metric':<20}{'real':>11}{'error':>9}{'steps':>9}{'stages':>9}{'diverg.':>9}"
-    lines = ["error attribution (% of real): C - real = steps (C-B) + stages (B-A) + "
-             "divergence (A-real)"]  # fmt: skip
+    lines = []
     for name, run in attribution["runs"].items():
+        if "replicas" in run:
+            for k, steps in run["replicas"].items():
+                lines += [f"{name}, replica {k}:", *format_step_errors(steps)]
+            continue
+        if not lines:
+            lines.append("error attribution (% of real): C - real = steps (C-B) + stages (B-A) "
+                         "+ divergence (A-real)")  # fmt: skip
         plans = run["plans"]
         share = plans["A_matched_share"]
         lines += [

@@ -67,6 +67,15 @@ def attribution_section(attribution: dict[str, Any]) -> Section:
         return Section("Where the error comes from", html.escape(attribution["note"]), "")
     body = []
     for name, run in attribution["runs"].items():
+        if "replicas" in run:  # several replicas: the step tables only
+            for k, steps in run["replicas"].items():
+                body.append(
+                    f"<h3>{html.escape(name)}, replica {html.escape(k)}</h3><p class='note'>The "
+                    f"cost model ({html.escape(steps['model'])}) on the replica's recorded "
+                    "plans: error = sum(model) / sum(recorded) - 1</p>"
+                )
+                body.append(_steps_table(steps))
+            continue
         plans = run["plans"]
         body.append(
             f"<h3>{html.escape(name)}</h3><p class='note'>{plans['A']['matched']} of A's "
@@ -80,5 +89,8 @@ def attribution_section(attribution: dict[str, Any]) -> Section:
             "recorded plans: error = sum(model) / sum(recorded) - 1</p>"
         )
         body.append(_steps_table(run["steps"]))
-    note = NOTE + (f" {attribution['note']}" if attribution.get("note") else "")
+    if any("replicas" in run for run in attribution["runs"].values()):
+        note = attribution["note"]  # no split into parts: what the tables are
+    else:
+        note = NOTE + (f" {attribution['note']}" if attribution.get("note") else "")
     return Section("Where the error comes from", html.escape(note), "".join(body))

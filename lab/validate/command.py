@@ -143,7 +143,7 @@ def sim_config(args: argparse.Namespace, info: ServerInfo, num_pages: int) -> Si
 def run_real(args: argparse.Namespace, trace: Trace, info: ServerInfo) -> list[RunResult]:
     """The repeats of ``engine bench``, each written to its directory."""
     from lab.bench.client import Target
-    from lab.bench.main import format_result, server_steps_path, write_bench
+    from lab.bench.main import format_result, server_steps_paths, write_bench
     from lab.bench.prompts import PromptMaker, fresh_salt
     from lab.bench.run import run_bench, tokenizer_for
 
@@ -152,7 +152,7 @@ def run_real(args: argparse.Namespace, trace: Trace, info: ServerInfo) -> list[R
     steps = None
     if info.record_steps:  # the server keeps a step record: each run's steps come with it
         try:
-            steps = server_steps_path("", info)
+            steps = server_steps_paths("", info)
         except ValueError as exc:  # e.g. a server on another machine
             print(f"no step record for the attribution: {exc}")
     results = []
