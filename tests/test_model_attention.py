@@ -10,6 +10,7 @@ whole sequence up to that row's position.
 
 from __future__ import annotations
 
+import itertools
 import math
 from typing import NamedTuple
 
@@ -109,3 +110,18 @@ def test_paged_attention_equals_dense(requests: list[tuple[int, int, bool]], see
             torch.testing.assert_close(out[row], expected, atol=1e-5, rtol=1e-5)
             row += 1
     assert row == out.shape[0]
+
+
+@settings(max_examples=100, deadline=None)
+@given(lengths=st.lists(st.integers(1, 5000), min_size=1, max_size=64))
+def test_decode_batches_cover_every_row_once_and_pad_at_most_twofold(lengths: list[int]) -> None:
+    from engine.attention.torch_backend import length_buckets
+
+    buckets = length_buckets(lengths)
+    flat = [i for b in buckets for i in b]
+    assert sorted(flat) == list(range(len(lengths)))
+    assert [lengths[i] for i in flat] == sorted(lengths)  # ascending, batch after batch
+    for b in buckets:
+        assert max(lengths[i] for i in b) <= 2 * lengths[b[0]]
+    for before, after in itertools.pairwise(buckets):
+        assert lengths[after[0]] > 2 * lengths[before[0]]  # a new batch only when needed

@@ -5,8 +5,9 @@ Two groups of a profile's step rows (of the configured TP degree) get one
 
 - pure decode steps: spine = decode batch size, plus terms in the context the
   batch reads (``decode_context``) and in that context padded to the longest
-  request (``decode_padded``: a kernel that pads its decode batch, as the torch
-  backend does, pays for it; a paged kernel does not). On a GPU with CUDA graphs a decode step
+  request (``decode_padded``: a kernel that pads its decode batch pays for it; a paged
+  kernel does not; the torch backend pads within batches of rows sorted by context, at
+  most twofold, so it pays a share of it). On a GPU with CUDA graphs a decode step
   runs the graph of the next captured batch size, so its time is a step
   function of the batch size; a knot at every measured batch size follows it.
 - steps with prefill (pure or mixed with decodes): spine = tokens in the step
