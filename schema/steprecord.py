@@ -10,7 +10,11 @@ both count from the run's start):
 
 - ``schedule_start`` / ``schedule_end``: the core's ``schedule`` call for this
   step (the waiting and running counts are read just before it);
-- ``launched``: the step's inputs built and handed to the model;
+- ``enqueued``: the host starts handing the step's work to the device (its inputs
+  and the request table built; on CUDA where the timing event that opens
+  ``device_ms`` is recorded): the host work in front of the step ends here;
+- ``launched``: the step's forward handed to the model (an eager forward has
+  launched all its kernels by then, while the device ran the first ones);
 - ``done``: its tokens read back and the core's ``complete`` returned;
 - ``device_ms``: the model's device time for the step where the device can
   time it (CUDA events), else empty;
@@ -58,6 +62,7 @@ STEP_RECORD_COLUMNS = (
     "step",
     "schedule_start",
     "schedule_end",
+    "enqueued",
     "launched",
     "done",
     "device_ms",
@@ -72,8 +77,10 @@ REPLICA_COLUMN = "replica"
 """The last column of a record of several replicas: the replica that ran the step."""
 
 
-TIME_COLUMNS = ("schedule_start", "schedule_end", "launched", "done")
+TIME_COLUMNS = ("schedule_start", "schedule_end", "enqueued", "launched", "done")
 """The columns that are times (seconds; see the module doc for their clock)."""
+LEGACY_COLUMNS = tuple(c for c in STEP_RECORD_COLUMNS if c != "enqueued")
+"""The columns of records written before ``enqueued`` was: read with ``enqueued`` empty."""
 FLOAT_COLUMNS = (*TIME_COLUMNS, "device_ms")
 """Columns read as float64 (``device_ms`` is NaN where the device did not time the step); the
 others are int64."""
@@ -96,7 +103,12 @@ def read_step_record(path: Path) -> pd.DataFrame:
 
     with path.open(newline="") as f:
         header = tuple(next(csv.reader(f), []))
-    if header not in (STEP_RECORD_COLUMNS, (*STEP_RECORD_COLUMNS, REPLICA_COLUMN)):
+    known = [
+        (*columns, *last)
+        for columns in (STEP_RECORD_COLUMNS, LEGACY_COLUMNS)
+        for last in ((), (REPLICA_COLUMN,))
+    ]
+    if header not in known:
         raise ValueError(
             f"{path} is not a step record: its columns are {list(header)}, "
             f"expected {list(STEP_RECORD_COLUMNS)} (and {REPLICA_COLUMN!r} with several replicas)"
@@ -106,7 +118,10 @@ def read_step_record(path: Path) -> pd.DataFrame:
         frame = pd.read_csv(path, dtype=dtypes)
     except ValueError as exc:
         raise ValueError(f"{path}: a cell is not a number of its column's type: {exc}") from None
-    if frame[list(TIME_COLUMNS)].isna().to_numpy().any():
+    required = [c for c in TIME_COLUMNS if c != "enqueued"]
+    if frame[required].isna().to_numpy().any():
         raise ValueError(f"{path}: a step lacks one of its times")
+    if "enqueued" not in header:  # an older record: its steps' host work is read as before
+        frame.insert(STEP_RECORD_COLUMNS.index("enqueued"), "enqueued", float("nan"))
     order = [REPLICA_COLUMN, "step"] if REPLICA_COLUMN in header else ["step"]
     return frame.sort_values(order, kind="stable").reset_index(drop=True)

@@ -204,7 +204,8 @@ def record_of(rows: list[tuple[StepShape, float, float, float | None]]) -> pd.Da
     for i, (shape, strict, host, device_ms) in enumerate(rows):
         start = float(i)
         row = {"step": i, "schedule_start": start, "schedule_end": start + 1e-4,
-               "launched": start + 1e-4 + host, "done": start + 1e-4 + strict,
+               "enqueued": start + 1e-4 + host, "launched": start + 1e-4 + host,
+               "done": start + 1e-4 + strict,
                "device_ms": np.nan if device_ms is None else device_ms, "in_flight": 0,
                "num_waiting": 0, "num_running": shape.decode_requests,
                "prefill_requests": int(shape.prefill_tokens > 0)}  # fmt: skip
@@ -286,14 +287,19 @@ def test_a_live_validation_attributes_the_recorded_runs(model_ready: str, tmp_pa
 
 def test_an_eager_launch_that_the_device_overlapped_is_not_host_time_twice() -> None:
     """A graph replay is launched before its device work; an eager forward mostly after it:
-    the overlapped loop's host time ends where the device could start."""
+    the overlapped loop's host time ends where the host began handing the step over."""
     record = record_of([(PREFILL, 0.0, 0.0, None), (MIXED, 0.0, 0.0, None)])
     record["schedule_end"] = [0.0, 0.0]
-    record["launched"] = [0.002, 0.018]  # the second: 18 ms of eager launch
-    record["done"] = [0.010, 0.021]
-    record["device_ms"] = [5.0, 12.0]  # the second started on the device at 9 ms
+    record["enqueued"] = [0.0015, 0.003]
+    record["launched"] = [0.002, 0.018]  # the second: 15 ms of eager launch
+    record["done"] = [0.010, 0.031]  # the second's done waited for the next step's launch
+    record["device_ms"] = [5.0, 12.0]
     step, device = recorded_times(record, overlap=True)
     assert device == pytest.approx([0.005, 0.012])
-    assert step - device == pytest.approx([0.002, 0.009])  # host: to launch, to device start
+    assert step - device == pytest.approx([0.0015, 0.003])  # host: to enqueued
     strict, _ = recorded_times(record, overlap=False)
-    assert strict == pytest.approx([0.010, 0.021])  # the strict loop's step is the wall
+    assert strict == pytest.approx([0.010, 0.031])  # the strict loop's step is the wall
+    # a record from before ``enqueued``: to launched, or to done - device if earlier
+    record["enqueued"] = np.nan
+    step, device = recorded_times(record, overlap=True)
+    assert step - device == pytest.approx([0.002, 0.018])  # the second runs long

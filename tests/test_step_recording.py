@@ -56,7 +56,7 @@ def record_plans(path: Path, device_ms: list[float | None]) -> list[Launch]:
     launches = []
     for i, (plan, ms) in enumerate(zip(PLANS, device_ms, strict=True)):
         t = EPOCH0 + i + 0.123456789
-        launch = Launch.of(plan, (t, t + 1e-4, t + 2e-4), i > 0, (5 - i, i))
+        launch = Launch.of(plan, (t, t + 1e-4, t + 1.5e-4, t + 2e-4), i > 0, (5 - i, i))
         recorder.add(launch, t + 3e-3, ms)
         launches.append(launch)
     recorder.close()
@@ -71,8 +71,8 @@ def test_rows_read_back_as_written(tmp_path: Path) -> None:
     for column in STEP_RECORD_COLUMNS:
         assert steps[column].dtype == (np.float64 if column in FLOAT_COLUMNS else np.int64)
     for row, launch in zip(steps.itertuples(index=False), launches, strict=True):
-        assert (row.step, row.schedule_start, row.launched) == (
-            launch.step, launch.schedule_start, launch.launched,
+        assert (row.step, row.schedule_start, row.enqueued, row.launched) == (
+            launch.step, launch.schedule_start, launch.enqueued, launch.launched,
         )  # fmt: skip
         assert row.done == launch.schedule_start + 3e-3  # times survive exactly
         assert (row.in_flight, row.num_waiting, row.num_running) == (
@@ -87,6 +87,17 @@ def test_rows_read_back_as_written(tmp_path: Path) -> None:
     # the bench writes it again through Arrow (quoted header): the same frame comes back
     write_csv(steps, tmp_path / "again.csv")
     pd.testing.assert_frame_equal(read_step_record(tmp_path / "again.csv"), steps)
+
+
+def test_a_record_from_before_enqueued_reads_with_it_empty(tmp_path: Path) -> None:
+    path = tmp_path / "steps.csv"
+    record_plans(path, [None, 1.25])
+    new = read_step_record(path)
+    old = new.drop(columns="enqueued")
+    write_csv(old, tmp_path / "old.csv")
+    again = read_step_record(tmp_path / "old.csv")
+    assert list(again.columns) == list(STEP_RECORD_COLUMNS) and again["enqueued"].isna().all()
+    pd.testing.assert_frame_equal(again.drop(columns="enqueued"), old)
 
 
 def test_a_file_that_is_not_a_step_record_is_refused(tmp_path: Path) -> None:
@@ -200,7 +211,7 @@ def test_one_row_per_step_of_concurrent_requests(recording: tuple[Server, Path, 
     steps = steps_until(path, since, last_token)
 
     assert steps["step"].is_monotonic_increasing and steps["step"].is_unique
-    order = ["schedule_start", "schedule_end", "launched", "done"]
+    order = ["schedule_start", "schedule_end", "enqueued", "launched", "done"]
     assert (np.diff(steps[order].to_numpy(), axis=1) >= 0).all()
     assert steps["done"].max() >= last_token
     assert sum(m["cached_tokens"] for m in metas) > 0
@@ -292,5 +303,7 @@ def test_cuda_times_each_step_on_the_device(tmp_path: Path) -> None:
     steps = read_step_record(tmp_path / "steps.csv")
     assert steps["decode_requests"].sum() == 4 * 15
     assert (steps["device_ms"] > 0).all()
-    assert (steps["device_ms"] / 1e3 <= steps["done"] - steps["schedule_end"]).all()
+    assert (steps["device_ms"] / 1e3 <= steps["done"] - steps["enqueued"]).all()
+    assert (steps["schedule_end"] <= steps["enqueued"]).all()
+    assert (steps["enqueued"] <= steps["launched"]).all()
     assert steps["in_flight"].iloc[1:].all()  # overlap: each launched before the last finished

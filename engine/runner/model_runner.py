@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import logging
 import math
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -92,6 +93,7 @@ class _Forward:
     logits: torch.Tensor  # float32 [S, vocab]
     sampling: SamplingArrays
     started: torch.cuda.Event | None  # recorded before the upload, when steps are timed
+    enqueued: float  # epoch seconds, just before the upload: the host work in front ends
 
 
 class ModelRunner:
@@ -258,7 +260,7 @@ class ModelRunner:
         self._last_tokens = tokens
         self._last_rows = {rid: i for i, rid in enumerate(plan.sampling_rids())}
         logprobs = self._logprobs(forward, tokens, inputs) if self.tp.rank == 0 else None
-        handle = StepHandle(tokens, logprobs, forward.started)
+        handle = StepHandle(tokens, logprobs, forward.started, forward.enqueued)
         if self.step_events is not None and handle.timing is not None:
             self.step_events.append(handle.timing)
         return handle
@@ -330,13 +332,14 @@ class ModelRunner:
             return None
         slots, writes = self.table.assign(layout.rids, layout.pages)
         sampling = SamplingArrays.build(inputs.sampling, inputs.output_index, self._sampler_vocab())
+        enqueued = time.time()
         started = self._timing_event()
         step = DeviceStep.upload(layout, source, slots, writes, sampling, self.staging)
         ids = step.resolve_ids(self._last_tokens, bool((source >= 0).any()))
         meta = step.metadata(layout, self.table, self.pinned)
         hidden = self._run_model(layout, ids, step.positions, meta)
         logits = self.model.compute_logits(hidden.index_select(0, step.sample_rows))
-        return _Forward(layout, hidden, logits, step.sampling, started)
+        return _Forward(layout, hidden, logits, step.sampling, started, enqueued)
 
     def _run_model(
         self,

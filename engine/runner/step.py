@@ -40,11 +40,14 @@ class StepHandle:
         sampled: torch.Tensor | None,
         logprobs: StepLogprobs | None = None,
         started: torch.cuda.Event | None = None,
+        enqueued: float | None = None,
     ) -> None:
         """``sampled``: the step's tokens on the device (None for a step without model work);
-        ``started``: a timing event recorded where the step's device work began, if timed."""
+        ``started``: a timing event recorded where the step's device work began, if timed;
+        ``enqueued``: when (epoch seconds) the host began handing that work to the device."""
         self.sampled = sampled
         self.logprobs = logprobs
+        self.enqueued = enqueued
         self._host: torch.Tensor | None = None
         self._event: torch.cuda.Event | None = None
         self.timing: tuple[torch.cuda.Event, torch.cuda.Event] | None = None

@@ -206,7 +206,9 @@ class StepDriver:
         handle = self.run_model(plan, self.inputs(plan))
         if self.recorder is None:
             return Launched(plan, handle)
-        times = (now, started, time.time())
+        launched = time.time()
+        enqueued = launched if handle.enqueued is None else handle.enqueued
+        times = (now, started, enqueued, launched)
         return Launched(plan, handle, Launch.of(plan, times, in_flight, counts))
 
     def finish(self, launched: Launched) -> list[messages.TokenItem]:

@@ -30,6 +30,7 @@ class Launch(NamedTuple):
     step: int
     schedule_start: float
     schedule_end: float
+    enqueued: float
     launched: float
     in_flight: bool
     num_waiting: int
@@ -40,12 +41,13 @@ class Launch(NamedTuple):
     @staticmethod
     def of(
         plan: Plan,
-        times: tuple[float, float, float],
+        times: tuple[float, float, float, float],
         in_flight: bool,
         counts: tuple[int, int],
     ) -> Launch:
-        """``times``: the ``schedule`` call's start and end and the launch; ``counts``: the
-        waiting and running requests before ``schedule``."""
+        """``times``: the ``schedule`` call's start and end, the start of handing the step's
+        work to the device, and the launch; ``counts``: the waiting and running requests
+        before ``schedule``."""
         return Launch(
             plan.step, *times, in_flight, *counts, len(plan.prefill), StepShape.of_plan(plan)
         )
@@ -68,8 +70,9 @@ class StepRecorder:
     def add(self, launch: Launch, done: float, device_ms: float | None) -> None:
         s = launch.shape
         self.rows.append((
-            launch.step, launch.schedule_start, launch.schedule_end, launch.launched, done,
-            device_ms, int(launch.in_flight), launch.num_waiting, launch.num_running,
+            launch.step, launch.schedule_start, launch.schedule_end, launch.enqueued,
+            launch.launched, done, device_ms, int(launch.in_flight), launch.num_waiting,
+            launch.num_running,
             launch.prefill_requests, s.prefill_tokens, s.decode_requests, s.context_tokens,
             s.decode_context, s.decode_padded, s.prefill_attention, s.sampled,
         ))  # fmt: skip

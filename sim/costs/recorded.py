@@ -18,12 +18,15 @@ the same trace:
   loop's ``step_time`` = ``host + device``, so that the loop's host work
   (``step_time - device_time``) is ``host`` and its GPU period the recorded
   device time. ``host`` is the time from the end of ``schedule`` until the
-  device could start the step: until ``launched``, or until ``done - device``
-  when that is earlier. An eager forward (a step with prefill) is launched
-  kernel by kernel while the device already runs the first ones: its
-  ``launched`` comes after most of its device work (on the H200, 18 ms of
-  launch against 3 ms from ``launched`` to ``done``), so ``launched -
-  schedule_end`` would count the device's time twice.
+  host began handing the step to the device (``enqueued``), where the device
+  time starts. Records written before ``enqueued`` existed read it as until
+  ``launched``, or until ``done - device`` when that is earlier; that reading
+  runs long for eager steps: an eager forward (a step with prefill) is
+  launched kernel by kernel while the device already runs the first ones, so
+  its ``launched`` comes after most of its device work (on the H200, 18 ms of
+  launch against 3 ms from ``launched`` to ``done``), and with overlap its
+  ``done`` comes after the next step's launch (for an eager next step, 15-40
+  ms later).
 - **No match.** Any other step gets the wrapped model's times scaled by what
   the record says of the model on similar steps: the median over recorded
   steps of the same kind (``step_kind``: pure decode, mixed, prefill only) and
@@ -83,11 +86,13 @@ def recorded_times(record: pd.DataFrame, overlap: bool) -> tuple[np.ndarray, np.
     """Per recorded step: (step_time, device_time) as the strict or the overlapped loop asks
     them (see the module docstring)."""
     launched = record["launched"].to_numpy(np.float64)
+    enqueued = record["enqueued"].to_numpy(np.float64)
     done = record["done"].to_numpy(np.float64)
     schedule_end = record["schedule_end"].to_numpy(np.float64)
     device = record["device_ms"].to_numpy(np.float64) / 1e3
     device = np.where(np.isfinite(device), device, done - launched)
-    host = np.maximum(np.minimum(launched, done - device) - schedule_end, 0.0)
+    ready = np.where(np.isfinite(enqueued), enqueued, np.minimum(launched, done - device))
+    host = np.maximum(ready - schedule_end, 0.0)
     step = host + device if overlap else done - schedule_end
     return step, device
 

@@ -31,7 +31,7 @@ from core.scheduler.shape import StepShape
 from schema.steprecord import SHAPE_COLUMNS, STEP_RECORD_COLUMNS
 
 TIME_COLUMNS = ("schedule_start", "schedule_end", "launched", "done", "device_ms")
-INT_COLUMNS = tuple(c for c in STEP_RECORD_COLUMNS if c not in TIME_COLUMNS)
+INT_COLUMNS = tuple(c for c in STEP_RECORD_COLUMNS if c not in (*TIME_COLUMNS, "enqueued"))
 
 
 class StepRecordLog:
@@ -100,7 +100,10 @@ class StepRecordLog:
             i[name].frombytes(values.tobytes())
 
     def frame(self) -> pd.DataFrame:
-        """All rows, columns in ``STEP_RECORD_COLUMNS`` order."""
+        """All rows, columns in ``STEP_RECORD_COLUMNS`` order. A simulated step's host work
+        all comes before its device work, so it is handed to the device when launched
+        (``enqueued`` = ``launched``)."""
         data = {c: np.frombuffer(a, dtype=np.float64) for c, a in self._floats.items()}
+        data["enqueued"] = data["launched"]
         data |= {c: np.frombuffer(a, dtype=np.int64) for c, a in self._ints.items()}
         return pd.DataFrame(data, columns=list(STEP_RECORD_COLUMNS))
