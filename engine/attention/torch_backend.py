@@ -88,7 +88,6 @@ class TorchAttention(AttentionBackend):
             buckets = length_buckets(lens[first:])
             if len(buckets) == 1:  # one batch: in row order, no reordering
                 buckets = [list(range(meta.num_seqs - first))]
-            device = meta.kv_indices.device
             for bucket in buckets:
                 seqs = [first + b for b in bucket]
                 picked = None
