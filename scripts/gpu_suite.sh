@@ -22,8 +22,11 @@
 #             traces with shared prefixes ($ATTR_RUNS, $ATTR_REPEATS)
 #   cluster   `engine serve --dp 2 --dp-share-gpu` of Qwen3-0.6B against its simulation on the
 #             Mooncake conversation trace or $CLUSTER_TRACE, per router policy ($CLUSTER_POLICIES,
-#             _SCALE, _LIMIT, _PROFILE, _MPS); the Qwen3 profile measures the long grid; each
+#             _SCALE, _LIMIT, _PROFILE, _MPS, _COLOCATION: a co-location table); the Qwen3 profile measures the long grid; each
 #             replica records its steps (the attribution sets the profile against each one's)
+#   capacity  `sim validate --capacity` on a trace none of the model's choices saw (a `sim gen`
+#             trace of mid-length prompts with shared prefixes, bursty; or $CAP_TRACE at
+#             $CAP_SCALE), SLOs TTFT <= $CAP_TTFT_MS (1000) and TPOT <= 50 ms for 99 % of requests
 #   tier      the host KV tier: `sim validate` of a trace whose shared prefixes outgrow a small
 #             device pool, with the tier off and on ($TIER_GB, $TIER_PAGES, $TIER_RATE; or
 #             $TIER_TRACE with $TIER_LIMIT requests at $TIER_SCALE, e.g. a conversation sample of
@@ -166,7 +169,7 @@ for part in $parts; do
                     "${CLUSTER_TRACE:-traces/mooncake_conversation.jsonl}" --url http://127.0.0.1:18600 \
                     --profile "$qprofile" --tokenizer .gpu/tokenizer --limit "${CLUSTER_LIMIT:-600}" \
                     --rate-scale "${CLUSTER_SCALE:-2}" --repeats 1 --no-report --no-progress \
-                    --out "$out/cluster_$policy"
+                    ${CLUSTER_COLOCATION:+--colocation "$CLUSTER_COLOCATION"} --out "$out/cluster_$policy"
             else
                 tail -n 20 "$out/cluster_${policy}_server.log"
             fi
@@ -174,6 +177,24 @@ for part in $parts; do
             wait "$pid" 2>/dev/null
         done
         [ "${CLUSTER_MPS:-0}" = 1 ] && echo quit | nvidia-cuda-mps-control
+        ;;
+    capacity)  # the real engine's capacity against the simulator's, on a held-out trace
+        python3 -m lab.cli.sim gen --arrival gamma --cv 2.0 --rate 8 --input uniform:256:6144 \
+            --output uniform:32:384 --num 300 --prefix-groups 10 --prefix-len uniform:512:3072 \
+            --seed 41 --out build/mid_prefix.jsonl
+        pid=$(serve_bg 18400 "$out/capacity_server.log" --max-prefill-tokens 2048)
+        if wait_ready http://127.0.0.1:18400 "$pid" 240; then
+            run capacity "${CAP_TIMEOUT:-560}" python3 -m lab.cli.sim validate \
+                "${CAP_TRACE:-build/mid_prefix.jsonl}" --rate-scale "${CAP_SCALE:-1}" \
+                --url http://127.0.0.1:18400 --profile profiles/h200_llama-3.1-8b.csv \
+                --tokenizer .gpu/tokenizer --capacity --slo-ttft-ms "${CAP_TTFT_MS:-1000}" \
+                --slo-tpot-ms 50 --attainment 0.99 --tolerance 0.1 --repeats 2 --no-report \
+                --no-progress --out "$out/capacity"
+        else
+            tail -n 20 "$out/capacity_server.log"
+        fi
+        kill "$pid" 2>/dev/null
+        wait "$pid" 2>/dev/null
         ;;
     tier)  # the host KV tier: a trace whose prefixes outgrow a small device pool, with and without
         python3 -m lab.cli.sim gen --rate "${TIER_RATE:-2.5}" --input uniform:8704:10240 \

@@ -71,6 +71,12 @@ class SimConfig:
     # cluster: replicas behind one router (sim.model.cluster); flat keys per core.router.options
     replicas: int = 1
     router: RouterConfig = field(default_factory=RouterConfig)
+    # a co-location table (CSV, sim.costs.colocation): the replicas share one GPU, as the
+    # engine's ``--dp-share-gpu`` runs them, and stretch each other's steps by it
+    colocation: str | None = None
+    # the replicas share one frontend and tokenizer pool, as ``engine serve --dp N`` runs
+    # them (else each has its own, as N servers behind ``engine router``)
+    shared_frontend: bool = False
 
     def __post_init__(self) -> None:
         model_shape(self.model)

@@ -22,6 +22,7 @@ from schema.traces import Trace
 from sim.config import SimConfig
 from sim.costs import load_cpu_costs, make_cost_model, read_profile
 from sim.costs.base import CpuCosts, GpuCostModel
+from sim.costs.colocation import read_colocation
 from sim.costs.copies import CopyCosts, copy_costs
 from sim.costs.presets import hardware
 from sim.costs.reach import Reach, reach_summary
@@ -178,6 +179,8 @@ def run_replay(
             num_tokenizers=config.num_tokenizers,
             loop=loop,
             progress=bar,
+            colocation=read_colocation(config.colocation) if config.colocation else None,
+            shared_frontend=config.shared_frontend,
         )
         replicas: list[Replica] = list(sim.replicas)
         request_table.attach(sim.records, sim.replica_of)

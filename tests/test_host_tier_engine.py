@@ -1,4 +1,5 @@
-"""The engine's host KV tier on CPU: the pool's copies, and a server that hits its host tier.
+"""The engine's host KV tier: the pool's copies (on CPU, and on CUDA where there is one), and
+a CPU server that hits its host tier.
 
 A server with a device pool too small for three prompts evicts the first
 prompt's prefix to the host while it serves the other two; the first prompt
@@ -19,9 +20,15 @@ from conftest import Server, running_server
 from engine.kvcache.host_pool import HostKVPool
 from engine.kvcache.pool import KVPool
 
+DEVICES = [
+    "cpu",
+    pytest.param("cuda", marks=pytest.mark.skipif(not torch.cuda.is_available(), reason="no GPU")),
+]
 
-def test_pool_writes_then_loads_pages_back() -> None:
-    pool = KVPool(2, 6, 4, 2, 8, torch.float32, torch.device("cpu"))
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_pool_writes_then_loads_pages_back(device: str) -> None:
+    pool = KVPool(2, 6, 4, 2, 8, torch.float32, torch.device(device))
     for layer in range(2):
         pool.k[layer].copy_(torch.randn_like(pool.k[layer]))
         pool.v[layer].copy_(torch.randn_like(pool.v[layer]))
@@ -29,6 +36,8 @@ def test_pool_writes_then_loads_pages_back() -> None:
     before = [t.clone() for t in (*pool.k, *pool.v)]
     host.run(writes=[(1, 3), (4, 4), (2, 0)], loads=[])
     host.run(writes=[], loads=[(3, 5), (4, 0), (0, 3)])  # page 1 -> 5, page 4 -> 0, page 2 -> 3
+    if device == "cuda":
+        torch.cuda.synchronize()
     for was, now in zip(before, (*pool.k, *pool.v), strict=True):
         assert torch.equal(now[5], was[1]) and torch.equal(now[0], was[4])
         assert torch.equal(now[3], was[2]) and torch.equal(now[1], was[1])
@@ -36,9 +45,10 @@ def test_pool_writes_then_loads_pages_back() -> None:
     assert host.load_seconds() > 0
 
 
-def test_a_plan_writes_before_it_loads() -> None:
+@pytest.mark.parametrize("device", DEVICES)
+def test_a_plan_writes_before_it_loads(device: str) -> None:
     """A page written out and reused in one plan: the load into it follows the write."""
-    pool = KVPool(1, 3, 2, 1, 4, torch.float32, torch.device("cpu"))
+    pool = KVPool(1, 3, 2, 1, 4, torch.float32, torch.device(device))
     pool.k[0].copy_(torch.arange(pool.k[0].numel(), dtype=torch.float32).view_as(pool.k[0]))
     host = HostKVPool(pool, 2)
     old_page_1 = pool.k[0][1].clone()

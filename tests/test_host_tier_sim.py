@@ -88,6 +88,30 @@ def test_loads_cost_time(overlap: bool) -> None:
     assert small.iloc[DOCS:].mean() > recompute.iloc[DOCS:].mean()
 
 
+def test_the_host_does_not_wait_for_a_step_s_copies() -> None:
+    """Overlapped, a step's loads run on the side stream while the step in flight ends: the
+    host completes that step and schedules the next before the loads are done (the engine
+    queues the copies without waiting for them), and the step's compute waits for both."""
+    first = revisiting_trace().requests[:DOCS]  # each prompt once: the device evicts to the host
+    again = [
+        TraceRequest(f"again{i}", 20.0 + 0.05 * i, BLOCKS * 512 + 7, 64, r.hash_ids)
+        for i, r in enumerate(first)
+    ]  # the prompts again, each arriving while the one before decodes
+    config = build_config(None, model="llama-3.1-8b", cost_model="roofline", overlap=True,
+                          num_pages=DEVICE_PAGES, host_kv_gb=2.0)  # fmt: skip
+    result = run_replay(Trace("again", "jsonl", [*first, *again]), config, progress=False,
+                        record_steps=True)  # fmt: skip
+    assert result.summary["host_kv"]["host_loaded_tokens"] > 0
+    steps = result.engine_steps
+    assert steps is not None
+    compute_start = (steps["done"] - steps["device_ms"] / 1e3).to_numpy()
+    scheduled_next = steps["schedule_start"].to_numpy()[1:]
+    ahead = scheduled_next < compute_start[:-1] - 1e-6  # the host moved on during the copies
+    assert ahead.any()
+    done = steps["done"].to_numpy()
+    assert (scheduled_next[1:] >= done[:-2] - 1e-9).all()  # but after the step in flight ended
+
+
 def test_sizing_and_copy_costs() -> None:
     config = tiered_config("write_back")
     page_bytes = 16 * config.kv_bytes_per_token_per_gpu()

@@ -71,6 +71,7 @@ def test_dp2_serves_concurrent_requests_on_both_replicas_as_dp1_does(
 ) -> None:
     card = httpx.get(f"{dp2.url}/v1/models", timeout=10).json()["data"][0]
     assert card["dp"] == 2 and card["router"]["policy"] == "round_robin"
+    assert card["gpu_share"] == 1  # on CPU the replicas share cores, no GPU
     assert httpx.get(f"{dp2.url}/health", timeout=10).json() == {
         "status": "ok",
         "replicas": {"0": "healthy", "1": "healthy"},
@@ -96,16 +97,22 @@ def test_sim_validate_simulates_the_server_s_replicas_and_router(dp2: Server) ->
     import argparse
 
     from lab.bench.server import server_info
-    from lab.validate.command import add_validate_args, sim_config
+    from lab.validate.command import add_validate_args, sharing_warning, sim_config
 
     info = server_info(dp2.url)
     assert info.dp == 2 and info.router is not None and info.kv_pages_total == 256
+    assert info.gpu_share == 1
     parser = argparse.ArgumentParser()
     add_validate_args(parser.add_subparsers())
     profile = Path(__file__).resolve().parents[1] / "profiles" / "cpu-xeon-2core_smollm2-135m.csv"
     argv = ["validate", "t.jsonl", "--url", dp2.url, "--profile", str(profile), "--out", "o"]
     config = sim_config(parser.parse_args(argv), info, 256)
     assert (config.replicas, config.router.policy) == (2, "round_robin")
+    assert config.shared_frontend and config.colocation is None  # one frontend, own GPUs
+    assert sharing_warning(info, config) is None
+    shared = replace(info, gpu_share=2)  # as --dp-share-gpu reports it
+    warning = sharing_warning(shared, sim_config(parser.parse_args(argv), shared, 256))
+    assert warning is not None and "--colocation" in warning
     sticky = replace(info, router=info.router | {"policy": "session_sticky"})
     assert sim_config(parser.parse_args(argv), sticky, 256).router.policy == "session_sticky"
 

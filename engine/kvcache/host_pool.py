@@ -15,8 +15,12 @@ the host side one copy per run of consecutive slots.
 On CUDA the copies go on a side stream that the compute stream waits for (an
 event) before the step's forward, so they overlap the step in flight. The side
 stream waits for nothing: the pages a plan's copies touch are never used by a
-plan still running (the core's contract). On CPU the same code runs
-synchronously.
+plan still running (the core's contract). Nor does the host wait for the side
+stream: the page indices go up from pinned memory without a synchronising copy
+(``torch.tensor(..., device=cuda)`` would wait for the side stream's earlier
+copies, holding the host for the whole load while the step before it could be
+finished), so ``run`` returns once the copies are queued. On CPU the same code
+runs synchronously.
 """
 
 from __future__ import annotations
@@ -76,11 +80,19 @@ class HostKVPool:
     def _write(self, writes: Sequence[tuple[int, int]]) -> None:
         if not writes:
             return
-        pages = torch.tensor([p for p, _ in writes], dtype=torch.int64, device=self.device)
+        pages = self._indices([p for p, _ in writes])
         staged = torch.stack([layer.index_select(0, pages) for layer in self.layers], dim=1)
         for lo, hi, first in _runs([s for _, s in writes]):
             self.slots[first : first + hi - lo].copy_(staged[lo:hi], non_blocking=True)
         self.written_tokens += len(writes) * self.page_size
+
+    def _indices(self, values: list[int]) -> torch.Tensor:
+        """``values`` as int64 page indices on the device, queued on the current stream
+        without waiting for it (from pinned memory, which the copy keeps alive)."""
+        host = torch.tensor(values, dtype=torch.int64)
+        if self.stream is None:
+            return host
+        return host.pin_memory().to(self.device, non_blocking=True)
 
     def _load(self, loads: Sequence[tuple[int, int]]) -> None:
         if not loads:
@@ -90,7 +102,7 @@ class HostKVPool:
         )
         for lo, hi, first in _runs([s for s, _ in loads]):
             staged[lo:hi].copy_(self.slots[first : first + hi - lo], non_blocking=True)
-        pages = torch.tensor([p for _, p in loads], dtype=torch.int64, device=self.device)
+        pages = self._indices([p for _, p in loads])
         for i, layer in enumerate(self.layers):
             layer.index_copy_(0, pages, staged[:, i])
         self.loaded_tokens += len(loads) * self.page_size

@@ -268,6 +268,7 @@ async def models(request: Request) -> Response:
         "hardware": ctx.cfg.hardware,
         "scheduler": asdict(ctx.cfg.scheduler),
         "dp": ctx.cfg.dp_size,
+        "gpu_share": ctx.cfg.gpu_share,
         "router": asdict(ctx.cfg.router),
     }
     return JSONResponse({"object": "list", "data": [card]})

@@ -2,7 +2,8 @@
 
 Any OpenAI-compatible server answers ``GET /v1/models``; this engine's card says
 ``owned_by: engine`` and adds ``max_model_len``, ``overlap_scheduling``,
-``scheduler`` (the core's settings as it runs them), ``dp`` (its replicas),
+``scheduler`` (the core's settings as it runs them), ``dp`` (its replicas), ``gpu_share``
+(replicas sharing each GPU),
 ``router`` (the router core's settings over them) and ``record_steps`` (the
 file its step record goes to, or null), and
 its ``/metrics`` gives ``engine_kv_pages_total``. Only this engine gets ``return_meta_info``.
@@ -33,6 +34,7 @@ class ServerInfo:
     overlap: bool | None  # overlap scheduling, where the server says
     scheduler: dict[str, Any] | None = None  # the scheduler core's settings, where it says
     dp: int = 1  # data-parallel replicas behind the server
+    gpu_share: int = 1  # replicas sharing each GPU (--dp-share-gpu: all of them)
     router: dict[str, Any] | None = None  # the router core's settings over them, where it says
     record_steps: str | None = None  # the file of its step record, where it keeps one
     hardware: str | None = None  # what it runs on, in a profile header's words, where it says
@@ -74,7 +76,7 @@ def server_info(url: str, api_key: str | None = None, timeout: float = 30.0) -> 
     limit = card.get("max_model_len")
     overlap = card.get("overlap_scheduling")
     scheduler = card.get("scheduler")
-    dp, router = card.get("dp"), card.get("router")
+    dp, router, share = card.get("dp"), card.get("router"), card.get("gpu_share")
     record = card.get("record_steps")
     hardware = card.get("hardware")
     return ServerInfo(
@@ -87,6 +89,7 @@ def server_info(url: str, api_key: str | None = None, timeout: float = 30.0) -> 
         overlap=overlap if isinstance(overlap, bool) else None,
         scheduler=scheduler if isinstance(scheduler, dict) else None,
         dp=dp if isinstance(dp, int) and dp >= 1 else 1,
+        gpu_share=share if isinstance(share, int) and share >= 1 else 1,
         router=router if isinstance(router, dict) else None,
         record_steps=record if isinstance(record, str) else None,
         hardware=hardware if isinstance(hardware, str) and hardware else None,

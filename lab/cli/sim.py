@@ -41,6 +41,19 @@ def _replay_args(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> No
         "--replicas", type=int, help="N replicas of the server behind one router (default: 1)"
     )
     p.add_argument(
+        "--colocation",
+        metavar="FILE",
+        help="the replicas share one GPU (engine serve --dp-share-gpu) and stretch each other's "
+        "steps by this co-location table (scripts/fit_colocation.py writes one)",
+    )
+    p.add_argument(
+        "--shared-frontend",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="the replicas share one frontend and tokenizer pool, as engine serve --dp N runs "
+        "them (default: each its own, as N servers behind engine router)",
+    )
+    p.add_argument(
         "--overlap",
         action=argparse.BooleanOptionalAction,
         default=None,

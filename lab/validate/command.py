@@ -64,7 +64,15 @@ if TYPE_CHECKING:
     from lab.bench.server import ServerInfo
 
 
-REAL_FROM_READS = ("real_from", "profile", "overlap", "out", "no_report", "no_progress")
+REAL_FROM_READS = (
+    "real_from",
+    "profile",
+    "overlap",
+    "colocation",
+    "out",
+    "no_report",
+    "no_progress",
+)
 """The options ``--real-from`` reads; the recorded run fixes the others."""
 
 
@@ -92,6 +100,12 @@ def add_validate_args(sub: argparse._SubParsersAction[argparse.ArgumentParser]) 
         help="simulate overlap scheduling (default: as the server reports, else the config's)",
     )
     p.add_argument("--num-tokenizers", type=int, default=1)
+    p.add_argument(
+        "--colocation",
+        metavar="FILE",
+        help="the server's replicas share one GPU (--dp-share-gpu): simulate them stretching "
+        "each other's steps by this co-location table (scripts/fit_colocation.py)",
+    )
     p.add_argument("--no-report", action="store_true", help="skip the HTML reports")
     p.add_argument("--no-progress", action="store_true")
     add_capacity_flags(p)
@@ -119,6 +133,17 @@ def hardware_warning(server: str | None, profile: Path) -> str | None:
     )
 
 
+def sharing_warning(info: ServerInfo, config: SimConfig) -> str | None:
+    """Why the simulated replicas may run faster than the server's: they share its GPU and
+    the simulation has no co-location table (None otherwise)."""
+    if info.gpu_share < 2 or config.colocation is not None:
+        return None
+    return (
+        f"warning: the server's {info.dp} replicas share a GPU; without --colocation the "
+        "simulation prices each replica's steps as if it had the GPU to itself"
+    )
+
+
 def sim_config(args: argparse.Namespace, info: ServerInfo, num_pages: int) -> SimConfig:
     """The flags named after a ``SimConfig`` field, the server's model, pages, overlap mode,
     scheduler settings, replicas and router (those that neither a flag nor the config file
@@ -129,6 +154,7 @@ def sim_config(args: argparse.Namespace, info: ServerInfo, num_pages: int) -> Si
     in_file = read_config_file(args.config).keys() if args.config else set()
     server = {k: v for k, v in (info.scheduler or {}).items() if k in SCHEDULER_KEYS}
     server["replicas"] = info.dp
+    server["shared_frontend"] = info.dp > 1  # engine serve --dp: one frontend for all
     if info.router is not None:
         server |= router_keys(RouterConfig(**info.router))
     for name, value in server.items():
@@ -275,9 +301,9 @@ def live_inputs(args: argparse.Namespace) -> tuple[ServerInfo, Trace, SimConfig,
         raise ValueError(f"no request of {args.trace} fits the server's context")
     if dropped:
         print(f"left out {dropped} requests longer than the server's context", file=sys.stderr)
-    warning = hardware_warning(info.hardware, args.profile)
-    if warning:
-        print(warning, file=sys.stderr)
+    for warning in (hardware_warning(info.hardware, args.profile), sharing_warning(info, config)):
+        if warning:
+            print(warning, file=sys.stderr)
     args.out.mkdir(parents=True, exist_ok=True)
     record = {
         "trace": trace.describe(),

@@ -50,9 +50,14 @@ def recorded_trace(args: argparse.Namespace, run: dict[str, Any], served: pd.Dat
 
 
 def recorded_config(args: argparse.Namespace, run: dict[str, Any]) -> SimConfig:
-    """The recorded simulator config with ``--profile`` (and ``--overlap``, if given)."""
+    """The recorded simulator config with ``--profile`` (and ``--overlap`` and
+    ``--colocation``, if given)."""
     values = {k: v for k, v in run["sim_config"].items() if k in CONFIG_KEYS}
+    # records from before the key: replicas came only from engine serve --dp, one frontend
+    values.setdefault("shared_frontend", values.get("replicas", 1) > 1)
     values |= {"profile": args.profile, "cost_model": "table", "dtype": profile_dtype(args.profile)}
     if args.overlap is not None:
         values["overlap"] = args.overlap
+    if args.colocation is not None:
+        values["colocation"] = args.colocation
     return build_config(None, **values)

@@ -1,6 +1,8 @@
 """The simulated cluster: N replicas of the pipeline behind one ``core.router.Router``.
 
-Modelled on ``engine router`` in front of N servers, in one SimPy environment::
+Modelled on ``engine router`` in front of N servers (or, with ``shared_frontend``, on
+``engine serve --dp N``: one frontend and tokenizer pool in front of N replicas), in one
+SimPy environment::
 
     arrival ─► router ─► replica k: frontend ─► IPC ─► tokenizer pool ─► IPC ─► scheduler ─► ...
                (the core:          (each replica its own stages, scheduler core,
@@ -14,18 +16,23 @@ Modelled on ``engine router`` in front of N servers, in one SimPy environment::
 - The replica's frontend and tokenizer pool time the request as it is placed
   (``FrontQueue``: the recurrences of ``front_times``, so one replica gives the
   closed form's times); it reaches that replica's scheduler at ``sched_arrival``.
+  With ``shared_frontend`` every replica's requests go through the one
+  ``FrontQueue`` (its queues are reported on replica 0).
 - The router hears of a request's end when the replica's scheduler finishes it
   (``Router.finished``) or rejects it (``Router.aborted``); tokens still on
   their way to the client are not counted as load.
 - A replica cannot know ahead when the router will send it a request, so its
   scheduler loop is ``interruptible``: a request reaching the scheduler cuts a
   decode run after the step running then (the same cut as a known arrival).
+- Replicas that share one GPU (``colocation`` given: ``sim.model.shared_gpu``)
+  stretch each other's steps by the co-location table.
 """
 
 from __future__ import annotations
 
 from array import array
 from collections.abc import Generator
+from functools import partial
 from typing import Any
 
 import numpy as np
@@ -33,10 +40,12 @@ import simpy
 
 from core.router import Router, RouteRequest
 from sim.costs.base import CpuCosts, GpuCostModel
+from sim.costs.colocation import Colocation
 from sim.model.frontend import FrontQueue, queue_samples
 from sim.model.pipeline import delay_to
 from sim.model.replica import Progress, Replica, RequestRecords
 from sim.model.scheduler_loop import LoopSettings
+from sim.model.shared_gpu import SharedGpu
 
 
 class ClusterReplica(Replica):
@@ -50,14 +59,16 @@ class ClusterReplica(Replica):
         gpu: GpuCostModel,
         cpu: CpuCosts,
         *,
-        num_tokenizers: int,
+        front: FrontQueue,
+        reports_front: bool,
         loop: LoopSettings,
         progress: Progress | None,
     ) -> None:
         super().__init__(cluster.env, cluster.records, scheduler, gpu, cpu, loop, progress)
         self.cluster = cluster
         self.name = name
-        self.front = FrontQueue(cpu, num_tokenizers)
+        self.front = front
+        self.reports_front = reports_front  # the front's queues are this replica's to report
         self.on_way = 0  # placed here, not yet at the scheduler
         self.loop.interruptible = True
         self.process: simpy.Process | None = None
@@ -106,13 +117,16 @@ class ClusterReplica(Replica):
             self.cluster.router.finished(rid, now)
 
     def front_queue_samples(self, stage: str) -> tuple[np.ndarray, np.ndarray]:
+        if not self.reports_front:
+            return np.zeros(0), np.zeros(0, np.int64)
         return queue_samples(self.front.waits(stage))
 
 
 class Cluster:
     """One replay on ``len(schedulers)`` replicas behind ``router``, each priced by ``costs``
-    (GPU, CPU): ``run()`` it, then read the shared per-request records, ``replica_of`` and
-    each replica's step and queue records."""
+    (GPU, CPU), on one GPU shared by all with ``colocation``, else each on its own: ``run()``
+    it, then read the shared per-request records, ``replica_of`` and each replica's step and
+    queue records."""
 
     def __init__(
         self,
@@ -124,6 +138,8 @@ class Cluster:
         num_tokenizers: int = 1,
         loop: LoopSettings = LoopSettings(),
         progress: Progress | None = None,
+        colocation: Colocation | None = None,
+        shared_frontend: bool = False,
     ) -> None:
         self.env = simpy.Environment()
         self.records = records
@@ -131,6 +147,7 @@ class Cluster:
         self.routing_done = False
         self.replica_of = array("q", [-1]) * len(records.trace)
         gpu, cpu = costs
+        shared = FrontQueue(cpu, num_tokenizers) if shared_frontend else None
         self.replicas = [
             ClusterReplica(
                 self,
@@ -138,21 +155,28 @@ class Cluster:
                 s,
                 gpu,
                 cpu,
-                num_tokenizers=num_tokenizers,
+                front=shared or FrontQueue(cpu, num_tokenizers),
+                reports_front=shared is None or k == 0,
                 loop=loop,
                 progress=progress,
             )
             for k, s in enumerate(schedulers)
         ]
         self._by_name = {r.name: k for k, r in enumerate(self.replicas)}
+        self.shared = None if colocation is None else SharedGpu(colocation, len(self.replicas))
+        if self.shared is not None:
+            for k, r in enumerate(self.replicas):
+                r.loop.seat = self.shared.seat(k)
         for r in self.replicas:
             router.add_worker(r.name)
 
     def run(self) -> None:
         env = self.env
         env.process(self._route())
-        for r in self.replicas:
+        for k, r in enumerate(self.replicas):
             r.process = env.process(r.loop.run())
+            if self.shared is not None:
+                self.shared.cuts[k] = partial(r.loop.cut_run, r.process)
         env.run()
         stuck = [r.name for r in self.replicas if r.process is None or r.process.is_alive]
         if stuck:

@@ -24,8 +24,9 @@ finish is seen one step late, and pages freed meanwhile come back a step later.
 Host KV tier copies (``LoopSettings.copies``): a plan's writes, then its loads,
 run before its compute. Strict, they add to the step's time. Overlapped, as the
 engine runs them on a side stream from the launch on, they overlap the step in
-flight: the step's compute starts once its copies end and the GPU is free.
-Decode runs carry no copies (the core keeps them out of runs).
+flight: the step's compute starts once its copies end and the GPU is free. The
+host does not wait for them: it completes the step in flight as soon as that
+ends. Decode runs carry no copies (the core keeps them out of runs).
 
 Fast-forward: when the core says the next k steps are identical pure-decode
 steps (with overlap: and a pure decode is in flight), the loop prices all k
@@ -51,8 +52,10 @@ import simpy
 from core.scheduler import DecodeRun, Plan, SchedulerStats
 from core.scheduler.shape import StepShape
 from sim.costs.base import CpuCosts, GpuCostModel
+from sim.costs.colocation import kind_of
 from sim.costs.copies import CopyCosts
 from sim.costs.reach import Reach
+from sim.model.shared_gpu import Seat
 from sim.model.step_record import StepRecordLog
 
 Process = Generator[simpy.Event, Any, None]
@@ -125,6 +128,7 @@ class SimSchedulerLoop:
         self.num_runs = 0
         self.steps_in_runs = 0
         self.interruptible = False
+        self.seat: Seat | None = None  # this replica's place on a GPU shared with others
         self._in_run = False  # waiting out a decode run that cut_run may cut
         self.record = StepRecordLog() if settings.record_steps else None
         self.reach = Reach()  # the largest steps priced (``sim.costs.reach``)
@@ -180,7 +184,11 @@ class SimSchedulerLoop:
         start = env.now
         shape = StepShape.of_plan(plan)
         schedule = self.cpu.schedule_time(plan.batch_size)
-        duration = copies + self.gpu.step_time(shape) + schedule
+        wall, device = self.gpu.times(shape)
+        duration = copies + wall + schedule
+        if self.seat is not None:  # the device part stretched by the replicas beside it
+            kind, on_gpu = kind_of(shape.prefill_tokens), start + schedule + copies
+            duration += self.seat.price(kind, on_gpu, device) - device
         if self.record is not None:  # no device time: the strict loop prices none
             launched = start + schedule
             times = (start, launched, launched, start + duration)
@@ -195,8 +203,8 @@ class SimSchedulerLoop:
         p.handle_events(plan, events, env.now)
 
     def _overlapped(self, plan: Plan, prev: Launched | None) -> Stepping:
-        """Launch ``plan`` once the CPU formed it and the GPU is free, then complete ``prev``
-        when its GPU work ends (both happen at the same time: the GPU start)."""
+        """Launch ``plan`` once the CPU formed it, then complete ``prev`` when its GPU work
+        ends; ``plan``'s compute starts once the GPU is free and its copies are done."""
         p, env, s = self.p, self.env, self.sched
         stats = s.stats()
         schedule = cpu = self.cpu.schedule_time(plan.batch_size)
@@ -208,8 +216,11 @@ class SimSchedulerLoop:
         now = env.now
         launch = now + cpu
         copied = launch + self.settings.copy_time(plan, s.page_size)  # on the side stream
-        start = copied if prev is None else max(copied, prev.end)
+        free = launch if prev is None else max(launch, prev.end)  # the host may complete prev
+        start = max(copied, free)  # the GPU starts the step's compute
         launched = None
+        if shape is not None and self.seat is not None:  # stretched by the replicas beside it
+            gpu = self.seat.price(kind_of(shape.prefill_tokens), start, gpu)
         if shape is not None:
             p.record_step(plan, shape, start, gpu, stats)
             self.reach.widen(shape)
@@ -220,11 +231,13 @@ class SimSchedulerLoop:
                 self.record.add(
                     plan.step, times, gpu, in_flight, self._counts, len(plan.prefill), shape
                 )
-        if start > env.now:
-            yield env.timeout(start - env.now)
+        if free > env.now:
+            yield env.timeout(free - env.now)
         if prev is not None:
             p.handle_events(prev.plan, s.complete(prev.plan, None), env.now)
         if launched is None:
+            if start > env.now:  # a plan of copies only: done when they are
+                yield env.timeout(start - env.now)
             p.handle_events(plan, s.complete(plan, None), env.now)
             if prev is None:
                 yield from self._stalled()
@@ -244,7 +257,14 @@ class SimSchedulerLoop:
         schedule = self.cpu.schedule_time(batch)
         device: np.ndarray | None  # the steps' device times, where the loop priced them
         before_launch: float | np.ndarray  # each iteration's CPU time before its launch
+        seat = self.seat
+        if seat is not None:  # on a shared GPU: stretched, and the first step pays the debt
+            stretch, until, beside = seat.stretch("decode", now if prev is None else prev.end)
         if prev is None:  # strict: step j runs [start, start + cpu + gpu]; tokens at its end
+            if seat is not None:
+                alone = self.gpu.decode_device_times(batch, context + batch, longest + 1, k)
+                wall = wall + alone * (stretch - 1.0)
+                wall[0] += seat.pay(alone[0] * stretch) - alone[0] * stretch
             gpu, durations, before_launch = wall, wall + schedule, schedule
             clock = np.empty(k + 1)  # now, then end j = start j + duration j
             clock[0] = now
@@ -256,6 +276,9 @@ class SimSchedulerLoop:
         else:  # overlap: GPU starts s_j = max(s_{j-1} + cpu_j, s_{j-1} + gpu_{j-1})
             gpu = durations = self.gpu.decode_device_times(batch, context + batch, longest + 1, k)
             cpu = before_launch = schedule + np.maximum(wall - gpu, 0.0)
+            if seat is not None:
+                gpu = durations = gpu * stretch
+                gpu[0] = seat.pay(gpu[0])
             gaps = np.maximum(gpu[:-1], cpu[1:])
             starts = np.concatenate(([max(now + cpu[0], prev.end)], gaps)).cumsum()
             begins = np.concatenate(([now], starts[:-1]))  # iteration j begins as j-1 ends
@@ -267,11 +290,17 @@ class SimSchedulerLoop:
         arrival = p.next_arrival()
         if arrival is not None and arrival < now + (float(ends[-1]) - now):
             j = max(1, int(begins.searchsorted(arrival, side="left")))
+        if seat is not None:  # the run holds while what it runs beside does
+            j = min(j, max(1, int(starts.searchsorted(until, side="left"))))
+            run_ends = starts[:j] + gpu[:j]
+            seat.occupy("decode", float(starts[0]), float(run_ends[-1]), beside, run_ends)
         stats = s.stats()
         waited = False
         if self.interruptible:
             j = yield from self._wait_run(begins, ends, j)
             waited = True
+            if seat is not None:
+                seat.trim(float(starts[j - 1] + gpu[j - 1]))
         run = s.advance_decode(j)
         if run.context_tokens != context or run.rids != rids:
             raise RuntimeError("decode run differs from the running set the sim priced")

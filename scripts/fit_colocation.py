@@ -1,0 +1,66 @@
+"""Measure how replicas sharing a GPU stretch each other's steps: a co-location table.
+
+    python scripts/fit_colocation.py STEPS.replica0.csv STEPS.replica1.csv \\
+        --profile PROFILE.csv --model qwen3-0.6b --out colocation.csv
+
+The step records are those of ``engine serve --dp N --dp-share-gpu --record-steps
+STEPS.csv`` (one file per replica, or one file with a ``replica`` column as
+``engine bench --server-steps`` writes it); the profile is the replicas' model
+measured alone on that GPU. The table (``sim.costs.colocation``) is what
+``sim replay --colocation FILE`` and ``sim validate --colocation FILE`` read.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+import pandas as pd
+
+from schema.steprecord import REPLICA_COLUMN, read_step_record
+from sim.config import build_config
+from sim.costs.colocation import fit_colocation
+from sim.replay import build_costs
+
+
+def replica_records(paths: list[Path]) -> list[pd.DataFrame]:
+    """One step record per replica, from per-replica files or files with a ``replica`` column."""
+    out = []
+    for path in paths:
+        record = read_step_record(path)
+        if REPLICA_COLUMN in record:
+            out += [r.drop(columns=REPLICA_COLUMN) for _, r in record.groupby(REPLICA_COLUMN)]
+        else:
+            out.append(record)
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("records", type=Path, nargs="+", help="the replicas' step records")
+    p.add_argument("--profile", required=True, help="the model's profile, measured alone")
+    p.add_argument("--model", help="the model preset (default: the simulator's default)")
+    p.add_argument("--out", type=Path, required=True, help="the table's CSV")
+    args = p.parse_args(argv)
+    try:
+        config = build_config(None, model=args.model, profile=args.profile, overlap=True)
+        gpu, _ = build_costs(config)
+        names = ", ".join(str(path) for path in args.records)
+        table = fit_colocation(replica_records(args.records), gpu, f"fitted to {names}")
+    except ValueError as exc:
+        print(f"fit_colocation: error: {exc}", file=sys.stderr)
+        return 2
+    table.write(args.out)
+    print(f"{'step':<9}{'beside':<9}{'stretch':>9}{'steps':>8}")
+    for (kind, other), value in sorted(table.stretch.items()):
+        print(f"{kind:<9}{other:<9}{value:>9.3f}{table.steps[kind, other]:>8}")
+    print(f"wrote {args.out}")
+    if table.missing():
+        why = "the simulator needs each (add rows by hand, or record a run that has them)"
+        print(f"warning: no recorded step of {table.missing()}: {why}", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,159 @@
+"""Replicas sharing a GPU in the simulator (sim.costs.colocation, sim.model.shared_gpu), and the
+replicas of ``engine serve --dp N`` sharing one frontend (``shared_frontend``)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from schema.traces import Trace
+from schema.traces.record import TraceRequest
+from sim.config import build_config
+from sim.costs.colocation import read_colocation
+from sim.replay import run_replay
+
+ROOT = Path(__file__).resolve().parents[1]
+PROFILE = ROOT / "reports" / "cluster" / "h200_shared_gpu" / "conv_sample" / "h200_qwen3-0.6b.csv"
+TIMES = ("first_token", "finished", "ttft_ms", "e2e_ms")
+
+
+def table(path: Path, *stretch: float) -> Path:
+    """A co-location table: decode beside decode, decode beside prefill, prefill beside decode,
+    prefill beside prefill."""
+    pairs = [
+        ("decode", "decode"),
+        ("decode", "prefill"),
+        ("prefill", "decode"),
+        ("prefill", "prefill"),
+    ]
+    rows = [(k, o, v) for (k, o), v in zip(pairs, stretch, strict=True)]
+    path.write_text("kind,other,stretch,steps\n" + "".join(f"{k},{o},{v},0\n" for k, o, v in rows))
+    return path
+
+
+def replay(trace: Trace, colocation: Path | None, record: bool = False, **settings: object):  # type: ignore[no-untyped-def]
+    values: dict[str, object] = {"model": "qwen3-0.6b", "profile": str(PROFILE), "overlap": True,
+                                 "replicas": 2, "router": "round_robin"}  # fmt: skip
+    values |= settings
+    if colocation is not None:
+        values["colocation"] = str(colocation)
+    config = build_config(None, **values)  # type: ignore[arg-type]
+    return run_replay(trace, config, progress=False, record_steps=record)
+
+
+def busy_trace(n: int = 60, seed: int = 3) -> Trace:
+    rng = np.random.default_rng(seed)
+    t, requests = 0.0, []
+    for i in range(n):
+        t += float(rng.exponential(0.1))
+        requests.append(
+            TraceRequest(f"r{i}", t, int(rng.integers(200, 3000)), int(rng.integers(20, 200)))
+        )
+    return Trace("busy", "jsonl", requests)
+
+
+@pytest.mark.parametrize("overlap", [False, True])
+def test_a_table_of_ones_changes_nothing(tmp_path: Path, overlap: bool) -> None:
+    ones = table(tmp_path / "ones.csv", 1, 1, 1, 1)
+    alone = replay(busy_trace(), None, overlap=overlap).requests
+    shared = replay(busy_trace(), ones, overlap=overlap).requests
+    for col in TIMES:
+        np.testing.assert_allclose(shared[col], alone[col], rtol=0, atol=1e-9)
+
+
+def test_a_replica_with_the_gpu_to_itself_is_not_stretched(tmp_path: Path) -> None:
+    """Requests far apart: one replica runs at a time, so no step has another beside it."""
+    apart = Trace("apart", "jsonl", [TraceRequest(f"r{i}", 5.0 * i, 1500, 40) for i in range(6)])
+    stretched = table(tmp_path / "t.csv", 1.5, 2.0, 1.3, 2.0)
+    alone = replay(apart, None).requests
+    shared = replay(apart, stretched).requests
+    for col in TIMES:
+        np.testing.assert_allclose(shared[col], alone[col], rtol=0, atol=1e-9)
+
+
+def test_two_decoding_replicas_stretch_each_other_and_the_fit_reads_it_back(tmp_path: Path) -> None:
+    """Two long decodes side by side, one on each replica: every decode step runs beside the
+    other's, so each is stretched by decode-beside-decode, which a fit of the step record
+    recovers; the inter-token time grows by the same factor."""
+    both = Trace(
+        "both", "jsonl", [TraceRequest("a", 0.0, 64, 600), TraceRequest("b", 0.0, 64, 600)]
+    )
+    stretched = table(tmp_path / "t.csv", 1.5, 2.0, 1.3, 2.0)
+    alone = replay(both, None)
+    shared = replay(both, stretched, record=True)
+    ratio = shared.requests["tpot_ms"].to_numpy() / alone.requests["tpot_ms"].to_numpy()
+    assert ratio == pytest.approx([1.5, 1.5], rel=0.03)
+    assert shared.engine_steps is not None
+    record = tmp_path / "steps.csv"
+    shared.engine_steps.to_csv(record, index=False)
+    out = tmp_path / "fit.csv"
+    done = subprocess.run([sys.executable, str(ROOT / "scripts" / "fit_colocation.py"), str(record),
+                           "--profile", str(PROFILE), "--model", "qwen3-0.6b", "--out", str(out)],
+                          capture_output=True, text=True, cwd=ROOT)  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    fitted = pd.read_csv(out).set_index(["kind", "other"])["stretch"]
+    assert fitted["decode", "decode"] == pytest.approx(1.5, rel=0.02)
+
+
+def test_the_later_step_of_a_pair_settles_the_earlier_one(tmp_path: Path) -> None:
+    """Stretching only the step launched second would leave the first one short: a replica that
+    decodes alone, then has the other's prefill start beside it, gets a third of the GPU for
+    as long as the prefill runs (decode beside prefill stretched 3x), so it ends later than
+    with the GPU to itself by about two thirds of the prefill."""
+    trace = Trace(
+        "pair", "jsonl", [TraceRequest("a", 0.0, 64, 400), TraceRequest("b", 0.3, 6000, 2)]
+    )
+    stretched = table(tmp_path / "t.csv", 1.0, 3.0, 1.0, 1.0)  # only decode beside prefill
+    alone = replay(trace, None).requests.set_index("rid")
+    shared = replay(trace, stretched).requests.set_index("rid")
+    prefill_s = alone.loc["b", "first_token"] - alone.loc["b", "tokenized"]
+    delay = shared.loc["a", "finished"] - alone.loc["a", "finished"]
+    assert delay == pytest.approx(prefill_s * 2 / 3, rel=0.25)
+    assert shared.loc["b", "first_token"] == pytest.approx(alone.loc["b", "first_token"], abs=1e-9)
+
+
+def test_one_frontend_serves_the_replicas_of_one_server() -> None:
+    """engine serve --dp N tokenizes every replica's requests in one pool: two prompts arriving
+    together on two replicas are tokenized one after the other; N servers tokenize at once."""
+    together = Trace(
+        "t", "jsonl", [TraceRequest("a", 0.0, 4000, 4), TraceRequest("b", 0.0, 4000, 4)]
+    )
+    own = replay(together, None).requests.set_index("rid")
+    one = replay(together, None, shared_frontend=True).requests.set_index("rid")
+    assert own.loc["b", "tokenize_start"] < own.loc["a", "tokenized"]
+    assert one.loc["b", "tokenize_start"] == pytest.approx(one.loc["a", "tokenized"])
+    assert set(one["replica"]) == {0, 1}
+
+
+@pytest.mark.parametrize(
+    ("text", "error"),
+    [
+        ("kind,other,stretch\n", "starts with the header"),
+        ("kind,other,stretch,steps\ndecode,decode,x,1\n", "must be numbers"),
+        ("kind,other,stretch,steps\ndecode,gpu,1.2,1\n", "OTHER in"),
+        ("kind,other,stretch,steps\ndecode,decode,0,1\n", "must be > 0"),
+        ("kind,other,stretch,steps\ndecode,decode,1.2,1\n", "no stretch for"),
+    ],
+)
+def test_a_bad_table_is_a_clear_error(tmp_path: Path, text: str, error: str) -> None:
+    path = tmp_path / "bad.csv"
+    path.write_text(text)
+    with pytest.raises(ValueError, match=error):
+        read_colocation(path)
+    with pytest.raises(ValueError, match=error):
+        replay(busy_trace(4), path)
+
+
+def test_a_table_round_trips(tmp_path: Path) -> None:
+    path = table(tmp_path / "t.csv", 1.25, 2.5, 1.3, 1.9)
+    read = read_colocation(path)
+    again = tmp_path / "again.csv"
+    read.write(again)
+    assert read_colocation(again).stretch == read.stretch
+    assert read.of("decode", ["prefill"]) == 2.5 and read.of("prefill", []) == 1.0
+    assert read.of("decode", ["decode", "prefill"]) == pytest.approx(1 + 0.25 + 1.5)
