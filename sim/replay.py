@@ -169,6 +169,7 @@ def run_replay(
     sim: Pipeline | Cluster
     if stages is not None and as_cluster:
         raise ValueError("recorded stages replace the stages of the single pipeline only")
+    colocation = read_colocation(config.colocation) if config.colocation else None
     if as_cluster:
         router = Router(config.router)
         sim = Cluster(
@@ -179,7 +180,7 @@ def run_replay(
             num_tokenizers=config.num_tokenizers,
             loop=loop,
             progress=bar,
-            colocation=read_colocation(config.colocation) if config.colocation else None,
+            colocation=colocation,
             shared_frontend=config.shared_frontend,
         )
         replicas: list[Replica] = list(sim.replicas)

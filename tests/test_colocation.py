@@ -3,6 +3,7 @@ replicas of ``engine serve --dp N`` sharing one frontend (``shared_frontend``)."
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -157,3 +158,35 @@ def test_a_table_round_trips(tmp_path: Path) -> None:
     assert read_colocation(again).stretch == read.stretch
     assert read.of("decode", ["prefill"]) == 2.5 and read.of("prefill", []) == 1.0
     assert read.of("decode", ["decode", "prefill"]) == pytest.approx(1 + 0.25 + 1.5)
+
+
+def test_validate_again_with_the_table_reproduces_a_shared_gpu_run(tmp_path: Path) -> None:
+    """A simulated two-replica run on one GPU, written as the real run of an earlier
+    validation: ``sim validate --real-from DIR --colocation TABLE`` simulates it again
+    exactly; without the table (each replica with a GPU of its own) the TTFT comes out low."""
+    from lab.cli.sim import main as sim_main
+    from lab.outputs import write_outputs
+    from schema.traces import load_trace
+
+    trace_path = ROOT / "traces" / "mooncake_conversation.jsonl"
+    trace = load_trace(trace_path, limit=80, rate_scale=4.0)
+    stretched = table(tmp_path / "t.csv", 1.5, 2.5, 1.3, 2.0)
+    config = build_config(None, model="qwen3-0.6b", profile=str(PROFILE), overlap=True,
+                          replicas=2, router="round_robin", shared_frontend=True,
+                          colocation=str(stretched))  # fmt: skip
+    real = run_replay(trace, config, progress=False)
+    earlier = tmp_path / "earlier"
+    write_outputs(real, earlier / "real-1", report=False)
+    recorded = config.to_dict() | {"colocation": None}  # as a server's card gives it
+    run = {"trace": trace.describe(), "repeats": 1, "sim_config": recorded}
+    (earlier / "comparison.json").write_text(json.dumps({"run": run}))
+    ttft = {}
+    for name, extra in (("with", ["--colocation", str(stretched)]), ("without", [])):
+        out = tmp_path / name
+        args = ["validate", str(trace_path), "--real-from", str(earlier), "--profile",
+                str(PROFILE), "--out", str(out), "--no-report", "--no-progress"]  # fmt: skip
+        args += extra
+        assert sim_main(args) == 0
+        ttft[name] = json.loads((out / "comparison.json").read_text())["ttft_ms"]["p90"]
+    assert ttft["with"]["rel_err"] == pytest.approx(0.0, abs=1e-9)
+    assert ttft["without"]["rel_err"] < -0.05
