@@ -31,6 +31,8 @@
 #             device pool, with the tier off and on ($TIER_GB, $TIER_PAGES, $TIER_RATE; or
 #             $TIER_TRACE with $TIER_LIMIT requests at $TIER_SCALE, e.g. a conversation sample of
 #             the Mooncake trace, scripts/trace_conversations.py); the server records its steps
+#   tokcopy   the tokenizer's speed alone, beside 48 GB of pinned memory, and beside 1 GB
+#             host-to-device copies in a loop (scripts/bench_tokenize_beside_copies.py)
 #   split     single steps with long decodes, a step's decode rows planned apart from its
 #             prefill chunk (and long ones cut into pieces) against all on the prefill wrapper
 #             ($SPLIT_VARIANTS, default "0 1 0 1"; SPLIT_EAGER=1: once more without CUDA graphs)
@@ -217,6 +219,8 @@ for part in $parts; do
             wait "$pid" 2>/dev/null
         done
         ;;
+    tokcopy) run tokcopy 300 python3 scripts/bench_tokenize_beside_copies.py \
+        --tokenizer .gpu/tokenizer --out "$out/tokcopy.json" ;;
     fastmax)  # FlashInfer's plan() with and without the tensor max, each twice in one run
         run fastmax_runner 300 python3 scripts/bench_gpu_runner.py --skip-prefill \
             --variants fused,slow-max,fused,slow-max --batches 1,64,256 --contexts 1024 \

@@ -2,10 +2,9 @@
 
 Any OpenAI-compatible server answers ``GET /v1/models``; this engine's card says
 ``owned_by: engine`` and adds ``max_model_len``, ``overlap_scheduling``,
-``scheduler`` (the core's settings as it runs them), ``dp`` (its replicas), ``gpu_share``
-(replicas sharing each GPU),
-``router`` (the router core's settings over them) and ``record_steps`` (the
-file its step record goes to, or null), and
+``scheduler`` (the core's settings as it runs them), ``dp`` (its replicas),
+``gpu_share`` (replicas sharing each GPU), ``router`` (the router core's settings
+over them) and ``record_steps`` (the file its step record goes to, or null), and
 its ``/metrics`` gives ``engine_kv_pages_total``. Only this engine gets ``return_meta_info``.
 """
 
