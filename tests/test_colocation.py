@@ -142,12 +142,11 @@ def test_one_frontend_serves_the_replicas_of_one_server() -> None:
     ],
 )
 def test_a_bad_table_is_a_clear_error(tmp_path: Path, text: str, error: str) -> None:
-    path = tmp_path / "bad.csv"
-    path.write_text(text)
+    (tmp_path / "bad.csv").write_text(text)
     with pytest.raises(ValueError, match=error):
-        read_colocation(path)
+        read_colocation(tmp_path / "bad.csv")
     with pytest.raises(ValueError, match=error):
-        replay(busy_trace(4), path)
+        replay(busy_trace(4), tmp_path / "bad.csv")
 
 
 def test_a_table_round_trips(tmp_path: Path) -> None:

@@ -48,10 +48,10 @@ MIN_SHARE = 0.5
 class OnGpu:
     """A replica's step on the GPU and the kinds of the steps it was priced beside."""
 
-    kind: str
-    start: float
+    kind: str  # decode or prefill
+    start: float  # on the GPU, seconds
     end: float
-    beside: dict[int, str]
+    beside: dict[int, str]  # replica -> the kind of its step this one was priced beside
     ends: np.ndarray | None = None  # a decode run's step ends (its last is ``end``)
 
     def cut(self, t: float) -> OnGpu:
