@@ -15,6 +15,7 @@ import sys
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from pathlib import Path
 
 import httpx
 import pytest
@@ -97,6 +98,35 @@ def test_routes_round_robin_streams_and_answers_bad_input(workers: list[Server])
         assert unknown_model.status_code == 404  # the worker's own error, passed on
         assert httpx.get(f"{url}/nowhere").status_code == 404
         assert outstanding(url) == {urls[0]: 0.0, urls[1]: 0.0}
+
+
+def test_sim_validate_through_the_router_simulates_its_workers(workers: list[Server]) -> None:
+    """The router's model card says what serves behind it: ``sim validate --url ROUTER``
+    simulates as many replicas behind the same policy, each its own server (frontend
+    included), with the pages the workers report."""
+    import argparse
+
+    from lab.bench.server import server_info
+    from lab.validate.command import add_validate_args, sim_config
+
+    urls = [w.url for w in workers]
+    args = ("--worker", urls[0], "--worker", urls[1], "--policy", "cache_aware")
+    with running_router(*args, "--cache-threshold", "0.3") as (_, url):
+        info = server_info(url)
+        card = httpx.get(f"{url}/v1/models", timeout=10).json()["data"][0]
+    assert card["workers"] == urls and card["record_steps"] is None
+    assert (info.dp, info.shared_frontend, info.kv_pages_total) == (2, False, 256)
+    parser = argparse.ArgumentParser()
+    add_validate_args(parser.add_subparsers())
+    profile = Path(__file__).resolve().parents[1] / "profiles" / "cpu-xeon-2core_smollm2-135m.csv"
+    argv = ["validate", "t.jsonl", "--url", url, "--profile", str(profile), "--out", "o"]
+    config = sim_config(parser.parse_args(argv), info, 256)
+    assert (config.replicas, config.router.policy, config.shared_frontend) == (
+        2,
+        "cache_aware",
+        False,
+    )
+    assert config.router.cache_threshold == 0.3
 
 
 def test_sigterm_drains_open_streams_and_refuses_new_requests(workers: list[Server]) -> None:

@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import logging
 from collections.abc import Awaitable, Callable
+from dataclasses import asdict
 
 import aiohttp
 from aiohttp import web
@@ -80,6 +81,8 @@ def create_app(service: RouterService) -> web.Application:
                 except Exception as exc:
                     log.warning("GET /v1/models on %s failed: %s", stat.worker, exc)
                     continue
+                if status == 200:
+                    body = cluster_cards(body, service)
                 return web.Response(body=body, status=status, content_type="application/json")
         return error("no healthy worker to list the models", 503)
 
@@ -87,6 +90,25 @@ def create_app(service: RouterService) -> web.Application:
     app.router.add_get("/metrics", get_metrics)
     app.router.add_get("/v1/models", models)
     return app
+
+
+def cluster_cards(body: bytes, service: RouterService) -> bytes:
+    """A worker's model listing as the router's: each card also says what serves behind the
+    router (``dp`` workers, each its own server and frontend, their URLs, the router core's
+    settings), so that ``sim validate`` against the router simulates that cluster; the
+    worker's own step record does not stand for the cluster's (``record_steps`` null). A
+    listing that is not JSON cards is passed on as it is."""
+    try:
+        listing = json.loads(body)
+        cards = listing["data"]
+    except (ValueError, KeyError, TypeError):
+        return body
+    workers = [stat.worker for stat in service.core.stats()]
+    for card in cards if isinstance(cards, list) else []:
+        if isinstance(card, dict):
+            card.update(dp=len(workers), workers=workers, shared_frontend=False,
+                        router=asdict(service.core.config), record_steps=None)  # fmt: skip
+    return json.dumps(listing).encode()
 
 
 async def forward(service: RouterService, request: web.Request) -> web.StreamResponse:

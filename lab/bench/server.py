@@ -5,7 +5,10 @@ Any OpenAI-compatible server answers ``GET /v1/models``; this engine's card says
 ``scheduler`` (the core's settings as it runs them), ``dp`` (its replicas),
 ``gpu_share`` (replicas sharing each GPU), ``router`` (the router core's settings
 over them) and ``record_steps`` (the file its step record goes to, or null), and
-its ``/metrics`` gives ``engine_kv_pages_total``. Only this engine gets ``return_meta_info``.
+its ``/metrics`` gives ``engine_kv_pages_total``. ``engine router`` passes on a
+worker's card with ``dp`` (its workers), ``workers`` (their URLs: the pages are
+read from the first one's ``/metrics``), ``router`` and ``shared_frontend`` false
+(each worker is a server of its own). Only this engine gets ``return_meta_info``.
 """
 
 from __future__ import annotations
@@ -34,6 +37,7 @@ class ServerInfo:
     scheduler: dict[str, Any] | None = None  # the scheduler core's settings, where it says
     dp: int = 1  # data-parallel replicas behind the server
     gpu_share: int = 1  # replicas sharing each GPU (--dp-share-gpu: all of them)
+    shared_frontend: bool | None = None  # the replicas share one frontend, where it says
     router: dict[str, Any] | None = None  # the router core's settings over them, where it says
     record_steps: str | None = None  # the file of its step record, where it keeps one
     hardware: str | None = None  # what it runs on, in a profile header's words, where it says
@@ -65,17 +69,20 @@ def server_info(url: str, api_key: str | None = None, timeout: float = 30.0) -> 
     card = cards[0]
     owned_by = str(card.get("owned_by", ""))
     pages = None
-    if owned_by == OURS:
+    if owned_by == OURS:  # behind engine router: the first worker's pages, as each replica's
+        workers = card.get("workers")
+        source = str(workers[0]).rstrip("/") if isinstance(workers, list) and workers else url
         try:
-            text = httpx.get(f"{url}/metrics", headers=headers, timeout=timeout).text
+            text = httpx.get(f"{source}/metrics", headers=headers, timeout=timeout).text
         except httpx.HTTPError as exc:
-            raise ServerError(f"cannot read {url}/metrics: {exc}") from None
+            raise ServerError(f"cannot read {source}/metrics: {exc}") from None
         value = metric_value(text, "engine_kv_pages_total")
         pages = int(value) if value else None
     limit = card.get("max_model_len")
     overlap = card.get("overlap_scheduling")
     scheduler = card.get("scheduler")
     dp, router, share = card.get("dp"), card.get("router"), card.get("gpu_share")
+    shared = card.get("shared_frontend")
     record = card.get("record_steps")
     hardware = card.get("hardware")
     return ServerInfo(
@@ -89,6 +96,7 @@ def server_info(url: str, api_key: str | None = None, timeout: float = 30.0) -> 
         scheduler=scheduler if isinstance(scheduler, dict) else None,
         dp=dp if isinstance(dp, int) and dp >= 1 else 1,
         gpu_share=share if isinstance(share, int) and share >= 1 else 1,
+        shared_frontend=shared if isinstance(shared, bool) else None,
         router=router if isinstance(router, dict) else None,
         record_steps=record if isinstance(record, str) else None,
         hardware=hardware if isinstance(hardware, str) and hardware else None,

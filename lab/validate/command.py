@@ -154,7 +154,8 @@ def sim_config(args: argparse.Namespace, info: ServerInfo, num_pages: int) -> Si
     in_file = read_config_file(args.config).keys() if args.config else set()
     server = {k: v for k, v in (info.scheduler or {}).items() if k in SCHEDULER_KEYS}
     server["replicas"] = info.dp
-    server["shared_frontend"] = info.dp > 1  # engine serve --dp: one frontend for all
+    shared = info.shared_frontend  # engine router's card: each worker its own frontend
+    server["shared_frontend"] = info.dp > 1 if shared is None else shared  # engine serve --dp
     if info.router is not None:
         server |= router_keys(RouterConfig(**info.router))
     for name, value in server.items():
