@@ -52,9 +52,12 @@ out=${1:?usage: gpu_suite.sh OUT_DIR [PART ...]}
 shift
 parts=${*:-probe tests runner runner_tp2 overlap serve profile}
 RATES=${RATES:-3 5 7}
-# the committed H200 profile's grid beyond the CUDA default: long prefixes and decodes
+# the committed H200 profile's grid beyond the CUDA default: long prefixes and decodes, and
+# mixed steps inside the grid (8-128 decode rows of 1k-16k each: at the edge of capacity a
+# request waits on such steps, and the profile of 8/64 rows at 4k/16k priced them 13 % low,
+# reports/validate/capacity_h200/)
 LONG_GRID="--prefill-prefixes 0,4096,16384,32768 --decode-contexts 256,1024,4096,16384
-    --mixed-prefixes 0,32768 --mixed-contexts 4096,16384"
+    --mixed-prefixes 0,32768 --mixed-batches 8,32,64,128 --mixed-contexts 1024,4096,16384"
 LIMIT=${LIMIT:-300}
 mkdir -p "$out"
 source scripts/gpu_env.sh || exit 1
@@ -253,8 +256,8 @@ for part in $parts; do
             --out "$out/serve_qwen3.json"
         ;;
     profile)  # the committed profile's grid (the "long grid")
-        run profile 400 python3 -m lab.cli.engine profile --model llama-3.1-8b --dummy-weights \
-            --tokenizer .gpu/tokenizer --device cuda --max-seconds 240 $LONG_GRID \
+        run profile 480 python3 -m lab.cli.engine profile --model llama-3.1-8b --dummy-weights \
+            --tokenizer .gpu/tokenizer --device cuda --max-seconds "${PROFILE_SECONDS:-300}" $LONG_GRID \
             --out "$out/h200_llama-3.1-8b.csv"
         ;;
     validate)
