@@ -39,8 +39,8 @@
 #   fastmax   decode steps and idle GPU time with FlashInfer's plan() taking the longest
 #             sequence on the tensor (the default) and element by element
 #   serve     the offline workload over HTTP: Llama-3.1-8B (overlap on and off), Qwen3-0.6B
-#   profile   `engine profile` of the Llama-3.1-8B shape over the committed profile's grid
-#             -> OUT_DIR/h200_llama-3.1-8b.csv
+#   profile   `engine profile` of the Llama-3.1-8B shape over $LONG_GRID (the committed
+#             profile's grid, and mixed steps inside it) -> OUT_DIR/h200_llama-3.1-8b.csv
 #   validate  the profile (the committed grid), then `sim validate` of the Azure conversation
 #             trace against a live server at rate scales $RATES (default "3 5 7", $LIMIT
 #             requests each, default 300);
@@ -255,7 +255,7 @@ for part in $parts; do
         run serve_qwen3 240 python3 scripts/bench_gpu_serve.py --model qwen3-0.6b --port 18200 \
             --out "$out/serve_qwen3.json"
         ;;
-    profile)  # the committed profile's grid (the "long grid")
+    profile)  # the long grid
         run profile 480 python3 -m lab.cli.engine profile --model llama-3.1-8b --dummy-weights \
             --tokenizer .gpu/tokenizer --device cuda --max-seconds "${PROFILE_SECONDS:-300}" $LONG_GRID \
             --out "$out/h200_llama-3.1-8b.csv"
