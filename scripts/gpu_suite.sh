@@ -31,6 +31,10 @@
 #             device pool, with the tier off and on ($TIER_GB, $TIER_PAGES, $TIER_RATE; or
 #             $TIER_TRACE with $TIER_LIMIT requests at $TIER_SCALE, e.g. a conversation sample of
 #             the Mooncake trace, scripts/trace_conversations.py); the server records its steps
+#   scatter   steps with every decode row under 8,192 tokens, each plan's pages contiguous
+#             and then scattered over the pool as serving leaves them (engine profile
+#             --scatter-pages): at the capacity trace's edge serving ran such steps 8-10 %
+#             slower than the profile at the same shapes, with overlap and without
 #   tokcopy   the tokenizer's speed alone, beside 48 GB of pinned memory, and beside 1 GB
 #             host-to-device copies in a loop (scripts/bench_tokenize_beside_copies.py)
 #   split     single steps with long decodes, a step's decode rows planned apart from its
@@ -52,12 +56,14 @@ out=${1:?usage: gpu_suite.sh OUT_DIR [PART ...]}
 shift
 parts=${*:-probe tests runner runner_tp2 overlap serve profile}
 RATES=${RATES:-3 5 7}
-# the committed H200 profile's grid beyond the CUDA default: long prefixes and decodes, and
-# mixed steps inside the grid (8-128 decode rows of 1k-16k each: at the edge of capacity a
-# request waits on such steps, and the profile of 8/64 rows at 4k/16k priced them 13 % low,
-# reports/validate/capacity_h200/)
+# the committed H200 profile's grid beyond the CUDA default: long prefixes and decodes, mixed
+# steps inside the grid (8-128 decode rows of 1k-16k each, after 0-32k of prefix: at the edge of
+# capacity a request waits on such steps, and a profile without them priced them 13 % low), and
+# ragged rows on both sides of 8,192 tokens, past which FlashInfer plans a row apart or cuts it
+# (reports/validate/capacity_h200/, last section); about 620 plans, 330 s to time them
 LONG_GRID="--prefill-prefixes 0,4096,16384,32768 --decode-contexts 256,1024,4096,16384
-    --mixed-prefixes 0,32768 --mixed-batches 8,32,64,128 --mixed-contexts 1024,4096,16384"
+    --mixed-prefixes 0,4096,32768 --mixed-batches 8,32,64,128 --mixed-contexts 1024,4096,16384
+    --ragged-longest 4096,16384"
 LIMIT=${LIMIT:-300}
 mkdir -p "$out"
 source scripts/gpu_env.sh || exit 1
@@ -222,6 +228,17 @@ for part in $parts; do
             wait "$pid" 2>/dev/null
         done
         ;;
+    scatter)  # steps whose decode rows stay with the chunk, pages contiguous then scattered
+        for pages in contiguous scattered; do
+            run "scatter_$pages" 200 python3 -m lab.cli.engine profile --model llama-3.1-8b \
+                --dummy-weights --tokenizer .gpu/tokenizer --device cuda --no-cpu-stages \
+                --prefill-tokens 512,1024,2048 --prefill-prefixes 0,4096 --prefill-chunks 1 \
+                --decode-batches 8,32,64,128 --decode-contexts 512,2048,6144 \
+                --mixed-prefill 1024,2048 --mixed-prefixes 0,4096 --mixed-batches 8,32,64,128 \
+                --mixed-contexts 512,2048,6144 --holdout 0 --max-seconds 150 \
+                $([ "$pages" = scattered ] && echo --scatter-pages) --out "$out/scatter_$pages.csv"
+        done
+        ;;
     tokcopy) run tokcopy 300 python3 scripts/bench_tokenize_beside_copies.py \
         --tokenizer .gpu/tokenizer --out "$out/tokcopy.json" ;;
     fastmax)  # FlashInfer's plan() with and without the tensor max, each twice in one run
@@ -257,7 +274,7 @@ for part in $parts; do
         ;;
     profile)  # the long grid
         run profile 480 python3 -m lab.cli.engine profile --model llama-3.1-8b --dummy-weights \
-            --tokenizer .gpu/tokenizer --device cuda --max-seconds "${PROFILE_SECONDS:-300}" $LONG_GRID \
+            --tokenizer .gpu/tokenizer --device cuda --max-seconds "${PROFILE_SECONDS:-330}" $LONG_GRID \
             --out "$out/h200_llama-3.1-8b.csv"
         ;;
     validate)

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from lab.bench.client import RequestRecord
-from lab.bench.frames import itl_seconds, request_frame, step_frame
+from lab.bench.frames import BENCH_COLUMNS, itl_seconds, request_frame, step_frame
 from schema.metrics import REQUEST_COLUMNS, SERVER_TOKEN_COLUMNS
 from schema.perfetto import write_timeline
 from schema.steplog import STEP_COLUMNS
@@ -52,7 +52,7 @@ def records() -> list[RequestRecord]:
 
 def test_request_rows_are_client_times_with_server_stages() -> None:
     frame = request_frame(records(), EPOCH0)
-    assert list(frame.columns) == [*REQUEST_COLUMNS, "send_lag_ms", *SERVER_TOKEN_COLUMNS]
+    assert list(frame.columns) == [*REQUEST_COLUMNS, *BENCH_COLUMNS, *SERVER_TOKEN_COLUMNS]
     a = frame.iloc[0]
     assert a["ttft_ms"] == pytest.approx(105.0)
     assert a["e2e_ms"] == pytest.approx(306.0)

@@ -15,24 +15,20 @@ import pytest
 from schema.traces import Trace
 from schema.traces.record import TraceRequest
 from sim.config import build_config
-from sim.costs.colocation import read_colocation
+from sim.costs.colocation import Colocation, read_colocation
+from sim.model.shared_gpu import MIN_SHARE, SharedGpu
 from sim.replay import run_replay
 
 ROOT = Path(__file__).resolve().parents[1]
 PROFILE = ROOT / "reports" / "cluster" / "h200_shared_gpu" / "conv_sample" / "h200_qwen3-0.6b.csv"
 TIMES = ("first_token", "finished", "ttft_ms", "e2e_ms")
+PAIRS = [("decode", "decode"), ("decode", "prefill"), ("prefill", "decode"), ("prefill", "prefill")]
 
 
 def table(path: Path, *stretch: float) -> Path:
     """A co-location table: decode beside decode, decode beside prefill, prefill beside decode,
     prefill beside prefill."""
-    pairs = [
-        ("decode", "decode"),
-        ("decode", "prefill"),
-        ("prefill", "decode"),
-        ("prefill", "prefill"),
-    ]
-    rows = [(k, o, v) for (k, o), v in zip(pairs, stretch, strict=True)]
+    rows = [(k, o, v) for (k, o), v in zip(PAIRS, stretch, strict=True)]
     path.write_text("kind,other,stretch,steps\n" + "".join(f"{k},{o},{v},0\n" for k, o, v in rows))
     return path
 
@@ -116,6 +112,54 @@ def test_the_later_step_of_a_pair_settles_the_earlier_one(tmp_path: Path) -> Non
     delay = shared.loc["a", "finished"] - alone.loc["a", "finished"]
     assert delay == pytest.approx(prefill_s * 2 / 3, rel=0.25)
     assert shared.loc["b", "first_token"] == pytest.approx(alone.loc["b", "first_token"], abs=1e-9)
+
+
+def gpu_of(*stretch: float) -> SharedGpu:
+    """Two replicas on a GPU with the table ``stretch`` (the order of ``table``)."""
+    colocation = Colocation(dict(zip(PAIRS, stretch, strict=True)), {}, "test")
+    return SharedGpu(colocation, 2)
+
+
+def test_a_step_is_stretched_only_while_the_step_beside_it_runs() -> None:
+    """Replica 0 runs a prefill chunk over [0, 1), then a decode step; a decode step of replica 1
+    launched at 0.5 does a sixth of its work beside the chunk (a third of the GPU), the rest
+    beside the decode at full speed: 0.5 + 5/6, not three times its time."""
+    gpu = gpu_of(1.0, 3.0, 1.0, 1.0)
+    first, second = gpu.seat(0), gpu.seat(1)
+    assert first.price("prefill", 0.0, 1.0) == 1.0  # alone
+    assert first.price("decode", 1.0, 2.0) == 2.0  # beside nothing yet
+    assert second.price("decode", 0.5, 1.0) == pytest.approx(0.5 + 5 / 6)
+    assert gpu.debt == [0.0, 0.0]  # decode beside decode is 1: nothing to settle
+
+
+def test_a_busy_replica_goes_on_and_an_idle_one_gives_back() -> None:
+    """Past a replica's last known step the others are priced as if it went on with steps of
+    that kind; when it goes idle instead, what they were charged past then comes back as a
+    credit: the work done at a third of the GPU, done at all of it."""
+    gpu = gpu_of(1.0, 3.0, 1.0, 1.0)
+    first, second = gpu.seat(0), gpu.seat(1)
+    first.price("prefill", 0.0, 1.0)
+    assert second.price("decode", 0.5, 1.0) == pytest.approx(3.0)  # beside the chunk throughout
+    first.rest(1.0)
+    assert gpu.debt[1] == pytest.approx(-2.5 * (1 - 1 / 3))  # 2.5 s at 3x: 5/6 of work
+    assert gpu.idle == [True, False]
+    assert second.price("decode", 3.5, 1.0) == pytest.approx(max(1.0 - 5 / 3, MIN_SHARE))
+
+
+def test_a_debt_is_the_work_done_in_the_overlap_at_the_new_stretch() -> None:
+    """Replica 1 priced a decode step beside replica 0's decode steps (1.5x); replica 0 launches
+    a prefill chunk over it instead (3x): the overlap's work takes twice as long, and replica 1
+    pays the difference first on its next step, which is not stretched again for it."""
+    gpu = gpu_of(1.5, 3.0, 1.0, 1.0)
+    first, second = gpu.seat(0), gpu.seat(1)
+    first.price("decode", 0.0, 1.0)
+    assert second.price("decode", 0.0, 1.0) == pytest.approx(1.5)  # beside decodes throughout
+    first.price("prefill", 1.0, 1.0)  # over [1.0, 1.5) of replica 1's step
+    assert gpu.debt[1] == pytest.approx(0.5 * (3.0 / 1.5 - 1))
+    first.rest(2.0)
+    assert second.price("decode", 2.5, 1.0) == pytest.approx(0.5 + 1.0)
+    first.price("prefill", 2.6, 1.0)  # over its debt, then its work: only the work is settled
+    assert gpu.debt[1] == pytest.approx((3.6 - 3.0) * (3.0 - 1.0))  # not [2.6, 3.0)
 
 
 def test_one_frontend_serves_the_replicas_of_one_server() -> None:

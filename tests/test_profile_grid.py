@@ -40,8 +40,10 @@ def test_mixed_rows_cross_their_prefixes_and_contexts() -> None:
         mixed_contexts=(32, 128),
         holdout=30,
     )
-    ragged = grid.ragged(2)
+    [ragged] = grid.ragged(2)
     assert ragged == (2048, 128)
+    two = replace(grid, ragged_longest=(512, 2048))  # both sides of a backend's threshold
+    assert two.ragged(3) == [(512, 128, 128), (2048, 128, 128)]
     points = [p for p in grid.points() if p.split == "fit"]
     mixed = {(p.prefill, p.decode) for p in points if p.prefill and p.decode}
     assert mixed == {
@@ -54,3 +56,17 @@ def test_mixed_rows_cross_their_prefixes_and_contexts() -> None:
     assert GridSpec.default("cpu").mixed_contexts == (512,)
     default = GridSpec.default("cuda").points()
     assert all(p.prefill[0][0] == 0 for p in default if p.prefill and p.decode)
+
+
+def test_a_plan_takes_scattered_pages_in_the_order_given() -> None:
+    """``--scatter-pages``: the same sequences, their pages drawn from a shuffled pool."""
+    point = StepPoint(((32, 40),), (100, 7))
+    contiguous = point.plan(16)
+    order = list(reversed(range(64)))
+    scattered = point.plan(16, order)
+    assert [c.pages for c in contiguous.prefill] == [(0, 1, 2, 3, 4)]
+    assert [c.pages for c in scattered.prefill] == [(63, 62, 61, 60, 59)]
+    assert [len(d.pages) for d in scattered.decode] == [len(d.pages) for d in contiguous.decode]
+    taken = [p for seq in (*scattered.prefill, *scattered.decode) for p in seq.pages]
+    assert len(set(taken)) == len(taken) == sum(point.sequence_pages(16))
+    assert sorted(taken) == list(range(64 - len(taken), 64))

@@ -36,7 +36,8 @@ TINY_GRID = [
 @pytest.fixture(scope="module")
 def profile(model_ready: str, tmp_path_factory: pytest.TempPathFactory) -> Path:
     out = tmp_path_factory.mktemp("profile") / "cpu_smollm2.csv"
-    argv = ["--model", MODEL, "--cpu-threads", "1", "--num-pages", "256", *TINY_GRID]
+    argv = ["--model", MODEL, "--cpu-threads", "1", "--num-pages", "256", "--scatter-pages",
+            *TINY_GRID]  # fmt: skip
     assert profile_main([*argv, "--out", str(out)]) == 0
     return out
 
@@ -47,6 +48,7 @@ def test_engine_profile_writes_a_valid_profile(profile: Path) -> None:
     assert p.provenance["attention_backend"] == "torch" and p.provenance["tp"] == "1"
     assert "torch" in p.provenance["software"]
     assert "holdout error over 3" in p.provenance["table_fit"]
+    assert p.provenance["grid"].endswith("pages=scattered")
     kinds = {r.kind for r in p.steps}
     assert kinds == {"prefill", "decode", "mixed"}
     assert sum(r.split == "holdout" for r in p.steps) == 3
@@ -104,6 +106,7 @@ def test_completions_carry_stage_timestamps_on_request(server: Server) -> None:
     meta = last["meta_info"]
     assert meta["received"] <= meta["tokenized"] <= meta["first_scheduled"] <= meta["finished"]
     assert len(meta["token_times"]) == 3 and "meta_info" not in chunks[0]
+    assert meta["replica"] == 0  # one replica
     url = f"{server.url}/v1/completions"
     plain = httpx.post(url, json=body | {"stream": False}, timeout=60).json()
     assert plain["meta_info"]["completion_tokens"] == 3
@@ -148,7 +151,12 @@ def test_sim_validate_end_to_end(
     for key in ("ttft_ms", "tpot_ms", "e2e_ms"):
         assert redo[key]["p90"]["real_runs"] == comparison[key]["p90"]["real_runs"]
         assert redo[key]["p90"]["sim"] == pytest.approx(comparison[key]["p90"]["sim"])
-    assert redo["run"]["real_from"] == str(out) and redo["run"]["sim_config"]["num_pages"] == 1024
+    assert redo["run"]["real_from"] == [str(out)] and redo["run"]["sim_config"]["num_pages"] == 1024
+    both = tmp_path / "both"  # runs of another day's folder count as repeats of the same slice
+    twice = [*args[:3], str(out), str(out), *args[4:7], str(both), "--no-progress"]
+    assert sim_main(twice) == 0
+    pooled = json.loads((both / "comparison.json").read_text())["ttft_ms"]["p90"]["real_runs"]
+    assert pooled == 2 * comparison["ttft_ms"]["p90"]["real_runs"]
     assert "--rate-scale" not in redo["run"]["command"] and "--profile" in redo["run"]["command"]
     assert not (again / "report.html").exists()
     neither = ["validate", str(trace), "--profile", str(profile), "--out", str(tmp_path / "x")]

@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import pandas as pd
 import pytest
 from conftest import (
     Server,
@@ -140,6 +141,11 @@ def test_sim_validate_prices_each_replica_s_recorded_steps(dp2: Server, tmp_path
     assert set(steps["replica"]) == {0, 1}  # round robin: three requests each
     assert steps["prefill_tokens"].sum() > 0
     assert steps.groupby("replica")["decode_requests"].sum().tolist() == [9, 9]
+    placed = pd.read_csv(out / "real-1" / "requests.csv")["replica"]  # from the frontend
+    assert placed.value_counts().to_dict() == {0: 3, 1: 3}
+    comparison = json.loads((out / "comparison.json").read_text())
+    assert comparison["placement"]["same_replica"] == [1.0]  # round robin places alike
+    assert comparison["placement"]["replicas"]["1"]["real_runs"][0]["requests"] == 3
     attribution = json.loads((out / "attribution.json").read_text())
     replicas = attribution["runs"]["real-1"]["replicas"]
     assert {k: v["all"]["step"]["n"] for k, v in replicas.items()} == {

@@ -44,6 +44,7 @@ class RequestResult(messages.RequestOutput, kw_only=True):
     """Everything a finished (or failed) request produced, with its stage timestamps."""
 
     received: float
+    replica: int = 0  # the replica the frontend placed it on
     text: str = ""
     pieces: dict[int, bytes] = {}
     prompt_text: str | None = None
@@ -80,6 +81,7 @@ class RequestResult(messages.RequestOutput, kw_only=True):
             "first_token": first_token,
             "token_times": self.token_times,
             "finished": self.finished,
+            "replica": self.replica,
             "ttft": first_token - self.received if first_token else None,
             "e2e_latency": self.finished - self.received if self.finished else None,
         }
@@ -233,6 +235,7 @@ class Frontend:
                 retry_after=1,
             ) from None
         stream = RequestStream(self, req.rid, req.received, self.cfg.request_timeout)
+        stream.result.replica = req.replica
         self.streams[req.rid] = stream
         self.worker_of[req.rid] = worker
         log.debug("rid %s sent to tokenizer %d for replica %d", req.rid, worker, req.replica)

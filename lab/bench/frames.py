@@ -10,10 +10,12 @@ its queue and the tokenization); ``scheduler_wait_ms`` = first scheduled -
 tokenized (the hop to the scheduler and the wait); ``prefill_ms`` = first
 token at the client - first scheduled. Columns the server does not report
 (``tokenize_start``, ``sched_arrival``, the queue and IPC splits,
-``detokenize_ms``, ``num_preemptions``) are empty. ``send_lag_ms`` (last
-column but two) is how late the request left against the trace's arrival;
-``server_first_token`` and ``server_last_token`` (``schema.metrics.SERVER_TOKEN_COLUMNS``)
-are the server's times of the first and the last token (``token_times``).
+``detokenize_ms``, ``num_preemptions``) are empty. ``send_lag_ms`` is how
+late the request left against the trace's arrival; ``replica`` the replica this
+engine's frontend placed it on (``engine serve --dp N``; 0 for one, empty for other
+servers), as in ``sim replay``'s table; ``server_first_token`` and ``server_last_token``
+(``schema.metrics.SERVER_TOKEN_COLUMNS``, the last two) are the server's times of the
+first and the last token (``token_times``).
 
 ``steps.csv`` is rebuilt from the server's token times: one scheduler step
 stamps all its tokens with one time, so equal times across requests are one
@@ -37,6 +39,8 @@ from schema.metrics import REQUEST_COLUMNS, SERVER_TOKEN_COLUMNS
 from schema.steplog import STEP_COLUMNS
 
 NAN = float("nan")
+BENCH_COLUMNS = ("send_lag_ms", "replica")
+"""Columns of a benchmark's ``requests.csv`` between the replay's and the server's token times."""
 
 
 def _server_time(meta: dict[str, Any], key: str, epoch0: float) -> float:
@@ -86,6 +90,7 @@ def _request_row(r: RequestRecord, epoch0: float) -> dict[str, Any]:
         "detokenize_ms": NAN,
         "frontend_ms": (received - r.sent) * 1e3,
         "send_lag_ms": (r.sent - r.scheduled) * 1e3,
+        "replica": r.meta.get("replica", NAN),
         "server_first_token": server_first,
         "server_last_token": server_last,
     }
@@ -93,7 +98,7 @@ def _request_row(r: RequestRecord, epoch0: float) -> dict[str, Any]:
 
 def request_frame(records: list[RequestRecord], epoch0: float) -> pd.DataFrame:
     rows = [_request_row(r, epoch0) for r in records]
-    return pd.DataFrame(rows, columns=[*REQUEST_COLUMNS, "send_lag_ms", *SERVER_TOKEN_COLUMNS])
+    return pd.DataFrame(rows, columns=[*REQUEST_COLUMNS, *BENCH_COLUMNS, *SERVER_TOKEN_COLUMNS])
 
 
 def itl_seconds(records: list[RequestRecord]) -> np.ndarray:

@@ -10,17 +10,21 @@ The grid crosses prefill sizes with cached prefixes and chunk counts, decode
 batch sizes with per-request contexts, and a few prefill sizes with decode
 batches (mixed steps: the chunk after each of ``mixed_prefixes``, the decodes at
 each of ``mixed_contexts``). Decode and mixed steps come uniform (every request at
-one context) and ragged (one request at the longest context, the others at the
+one context) and ragged (one request at a long context, each of
+``ragged_longest``, by default the longest decode context, the others at the
 shortest), so that a fit can tell the context read from the context padded to
-the longest request. Held-out points are drawn at random inside the same
-ranges, each request its own context (seeded); the ``table`` fit never sees
-them, so its error on them is an honest estimate of its error between grid
-points.
+the longest request (on FlashInfer a row past 8,192 tokens among short ones is
+planned apart, or cut into pieces and run eagerly: a ``ragged_longest`` on each
+side of that length measures both). Held-out points are
+drawn at random inside the same ranges, each request its own context (seeded);
+the ``table`` fit never sees them, so its error on them is an honest estimate of
+its error between grid points.
 """
 
 from __future__ import annotations
 
 import random
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from core.scheduler.pages import pages_for
@@ -38,16 +42,18 @@ class StepPoint:
         ends = [s + n for s, n in self.prefill] + [p + 1 for p in self.decode]
         return [pages_for(e, page_size) for e in ends]
 
-    def plan(self, page_size: int) -> Plan:
+    def plan(self, page_size: int, pages: Sequence[int] | None = None) -> Plan:
         """The plan of this point: rids ``p0..``/``d0..``, pages laid out one sequence after
-        another from page 0."""
+        another from page 0, or taken in the order of ``pages`` (a serving pool's pages are
+        scattered: ``engine profile --scatter-pages``)."""
         next_page = 0
 
         def take(tokens: int) -> tuple[int, ...]:
             nonlocal next_page
             n = pages_for(tokens, page_size)
             next_page += n
-            return tuple(range(next_page - n, next_page))
+            taken = range(next_page - n, next_page)
+            return tuple(taken) if pages is None else tuple(pages[i] for i in taken)
 
         prefill = tuple(
             PrefillChunk(f"p{i}", s, n, True, take(s + n)) for i, (s, n) in enumerate(self.prefill)
@@ -88,12 +94,15 @@ class GridSpec:
     holdout: int
     mixed_prefixes: tuple[int, ...] = (0,)
     mixed_contexts: tuple[int, ...] = ()  # none given: the middle one of ``decode_contexts``
+    ragged_longest: tuple[int, ...] = ()  # none given: the longest of ``decode_contexts``
     seed: int = 0
 
     def __post_init__(self) -> None:
         if not self.mixed_contexts:
             middle = sorted(self.decode_contexts)[len(self.decode_contexts) // 2]
             object.__setattr__(self, "mixed_contexts", (middle,))
+        if not self.ragged_longest:
+            object.__setattr__(self, "ragged_longest", (max(self.decode_contexts),))
 
     @staticmethod
     def default(device: str) -> GridSpec:
@@ -131,19 +140,20 @@ class GridSpec:
         for batch in self.decode_batches:
             for context in self.decode_contexts:
                 out.append(StepPoint((), (context,) * batch))
-            out.append(StepPoint((), self.ragged(batch)))
+            out += [StepPoint((), ragged) for ragged in self.ragged(batch)]
         for prefix in self.mixed_prefixes:
             for tokens in self.mixed_prefill:
                 for batch in self.mixed_batches:
                     for context in self.mixed_contexts:
                         out.append(StepPoint(((prefix, tokens),), (context,) * batch))
-                    out.append(StepPoint(((prefix, tokens),), self.ragged(batch)))
+                    out += [StepPoint(((prefix, tokens),), r) for r in self.ragged(batch)]
         return list(dict.fromkeys(out)) + self.holdout_points()
 
-    def ragged(self, batch: int) -> tuple[int, ...]:
-        """One request at the longest context, the others at the shortest: what padding the
-        decode batch to its longest request costs."""
-        return (max(self.decode_contexts),) + (min(self.decode_contexts),) * (batch - 1)
+    def ragged(self, batch: int) -> list[tuple[int, ...]]:
+        """One request at each of ``ragged_longest``, the others at the shortest context: what
+        padding the decode batch to its longest request costs."""
+        shortest = min(self.decode_contexts)
+        return [(longest,) + (shortest,) * (batch - 1) for longest in self.ragged_longest]
 
     def holdout_points(self) -> list[StepPoint]:
         """Random points inside the grid's ranges: a third each decode, prefill, mixed."""

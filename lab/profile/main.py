@@ -48,6 +48,11 @@ GRID_FLAGS = (
     ("mixed-batches", "decode requests of mixed steps"),
     ("mixed-prefixes", "cached prefix before the prefill chunk of mixed steps"),
     ("mixed-contexts", "context of each decoding request of mixed steps (uniform rows)"),
+    (
+        "ragged-longest",
+        "context of the long request of ragged decode and mixed rows, the "
+        "others at the shortest decode context (default: the longest decode context)",
+    ),
 )
 
 
@@ -68,6 +73,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--warmup", type=int, default=1, help="untimed runs of each plan first")
     p.add_argument("--stage-repeats", type=int, default=5, help="repeats of each CPU stage")
     p.add_argument("--max-seconds", type=float, help="stop timing plans after this long")
+    p.add_argument(
+        "--scatter-pages",
+        action="store_true",
+        help="give each plan's sequences pages in a random order of the pool, as a serving "
+        "pool leaves them (default: one sequence's pages after another's)",
+    )
     p.add_argument("--no-steps", action="store_true", help="CPU stage costs only")
     p.add_argument("--no-cpu-stages", action="store_true", help="step times only")
     return p
@@ -91,8 +102,9 @@ def grid_spec(args: argparse.Namespace, device: str) -> GridSpec:
     given = {f.replace("-", "_"): getattr(args, f.replace("-", "_")) for f, _ in GRID_FLAGS}
     given["holdout"] = args.holdout
     values = {k: v for k, v in given.items() if v is not None}
-    # mixed contexts follow the decode contexts given, unless given themselves
-    fields = {k: getattr(spec, k) for k in spec.__slots__ if k != "mixed_contexts"}
+    # mixed and ragged contexts follow the decode contexts given, unless given themselves
+    derived = ("mixed_contexts", "ragged_longest")
+    fields = {k: getattr(spec, k) for k in spec.__slots__ if k not in derived}
     return GridSpec(**{**fields, **values})
 
 
@@ -107,7 +119,9 @@ def measure_steps(
     with serving_runner(rargs) as leader:
         runner = leader.runner
         vocab = cfg.vocab_limit or cfg.vocab_size
-        timer = StepTimer(leader, runner.page_size, runner.num_pages, vocab, spec.seed)
+        timer = StepTimer(
+            leader, runner.page_size, runner.num_pages, vocab, spec.seed, args.scatter_pages
+        )
         on_cuda = cfg.device.startswith("cuda")
         info["dtype"] = str(rargs.torch_dtype()).removeprefix("torch.")
         info["attention_backend"] = runner.backend_name
@@ -144,8 +158,9 @@ def run_points(
 
 def describe_grid(spec: GridSpec, args: argparse.Namespace) -> str:
     parts = [f"{f}={','.join(map(str, getattr(spec, f.replace('-', '_'))))}" for f, _ in GRID_FLAGS]
+    pages = "scattered" if args.scatter_pages else "contiguous"
     return " ".join([*parts, f"holdout={spec.holdout}", f"repeats={args.repeats}",
-                     f"warmup={args.warmup}"])  # fmt: skip
+                     f"warmup={args.warmup}", f"pages={pages}"])  # fmt: skip
 
 
 def summary_lines(profile: Profile) -> list[str]:

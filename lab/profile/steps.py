@@ -67,16 +67,24 @@ class StepTimer:
     ``page_size`` tokens; token ids are drawn below ``vocab`` at random (seeded)."""
 
     def __init__(
-        self, leader: TPLeader, page_size: int, num_pages: int, vocab: int, seed: int = 0
+        self,
+        leader: TPLeader,
+        page_size: int,
+        num_pages: int,
+        vocab: int,
+        seed: int = 0,
+        scatter: bool = False,
     ) -> None:
         self.page_size = page_size
         self.num_pages = num_pages
+        self.rng = np.random.default_rng(seed)
+        # scattered: each plan's pages drawn in a random order of the pool, as serving leaves them
+        self.pages = self.rng.permutation(num_pages).tolist() if scatter else None
         self.tp = leader.args.tp_size
         self.runner = leader.runner
         self.vocab = vocab
         config = SchedulerConfig(num_pages=num_pages, page_size=page_size)
         self.engine = StepDriver(config, leader.launch, eos_token_ids=())
-        self.rng = np.random.default_rng(seed)
 
     def fits(self, point: StepPoint) -> bool:
         """Whether the pool holds the point and the request table each of its sequences."""
@@ -91,7 +99,7 @@ class StepTimer:
     def run(self, point: StepPoint, repeats: int, warmup: int = 1) -> ProfileRow:
         """The point's median, fastest and slowest wall time over ``repeats`` (after
         ``warmup``), and its median device time."""
-        plan = point.plan(self.page_size)
+        plan = point.plan(self.page_size, self.pages)
         for chunk in plan.prefill:
             self._track(chunk.rid, chunk.start + chunk.length)
         for slot in plan.decode:

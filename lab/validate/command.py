@@ -48,6 +48,7 @@ from lab.outputs import write_outputs, write_step_record
 from lab.validate.attribution import ATTRIBUTION_NAME, attribute, format_attribution
 from lab.validate.capacity import add_capacity_flags, format_capacity, run_capacity
 from lab.validate.compare import compare, format_comparison, ttft_parts
+from lab.validate.placement import format_placement, placement
 from lab.validate.regime import regimes
 from lab.validate.revalidate import recorded_config, recorded_runs, recorded_trace
 from schema.jsonsafe import json_safe
@@ -83,8 +84,9 @@ def add_validate_args(sub: argparse._SubParsersAction[argparse.ArgumentParser]) 
     p.add_argument(
         "--real-from",
         type=Path,
-        help="an earlier sim validate --out: simulate its recorded real runs again with "
-        "--profile, without a server (see lab/validate/revalidate.py)",
+        nargs="+",
+        help="earlier sim validate --out folders (of one trace slice): simulate their recorded "
+        "real runs again with --profile, without a server (see lab/validate/revalidate.py)",
     )
     p.add_argument("--profile", required=True, help="profile CSV measured on the server's hardware")
     p.add_argument("--out", type=Path, required=True, help="output directory")
@@ -234,23 +236,22 @@ def cmd_validate(args: argparse.Namespace) -> int:
         return validate_capacity(args)
     real: list[RunResult] | None = None
     if args.real_from is not None:
-        record, recorded = recorded_runs(args.real_from)
-        folder = args.real_from
+        record, recorded, runs = recorded_runs(args.real_from)
         trace = recorded_trace(args, record, recorded[0][1])
         config = recorded_config(args, record)
         summaries, frames = [s for s, _ in recorded], [r for _, r in recorded]
-        record["real_from"] = str(args.real_from)
+        record["real_from"] = [str(f) for f in args.real_from]
         args.out.mkdir(parents=True, exist_ok=True)
     else:
         trace, config, record, real = validate_live(args)
         summaries, frames = [r.summary for r in real], [r.requests for r in real]
-        folder = args.out
+        runs = [args.out / f"real-{i + 1}" for i in range(len(frames))]
     sim = run_sim(args, trace, config)
-    runs = [folder / f"real-{i + 1}" for i in range(len(frames))]
     attribution = attribute(trace, config, sim.summary, runs, frames, summaries)
     comparison = compare(summaries, sim.summary)
     comparison["ttft_parts"] = ttft_parts(frames, sim.requests)
     comparison["regime"] = regimes(frames, sim.requests)
+    comparison["placement"] = placement(frames, sim.requests)
     comparison["run"] = record | {
         "profile": args.profile,
         "sim_config": config.to_dict(),
@@ -282,6 +283,8 @@ def write_validation(
 
         write_validation_report(args.out, comparison, real, sim, attribution)
     print(format_comparison(comparison))
+    if comparison.get("placement") is not None:
+        print("\n" + format_placement(comparison["placement"]))
     print("\n" + format_attribution(attribution))
     print(f"\noutputs in {args.out}/")
 

@@ -1,8 +1,9 @@
-"""``sim validate --real-from DIR``: simulate again the real runs an earlier ``sim validate``
-recorded in ``DIR``, with another ``--profile``, without a server.
+"""``sim validate --real-from DIR [DIR ...]``: simulate again the real runs earlier ``sim
+validate`` runs recorded in each ``DIR``, with another ``--profile``, without a server.
 
 The trace slice (rate scale, limit, the requests the server could take) and the
-simulator's config come from ``DIR/comparison.json``; only the profile (its
+simulator's config come from the first ``DIR/comparison.json`` (every folder must
+have run the same slice: their real runs are then repeats of one measurement); only the profile (its
 ``table`` model, CPU costs and dtype) and, if given, ``--overlap`` change. The
 real side is each ``DIR/real-N``'s ``summary.json`` and ``requests.csv``, so
 ``comparison.json`` has the same keys as a live validation; the HTML report,
@@ -23,27 +24,42 @@ from schema.traces import Trace, load_trace
 from sim.config import CONFIG_KEYS, SimConfig, build_config
 from sim.costs.committed import profile_dtype
 
+Recorded = tuple[dict[str, Any], pd.DataFrame]  # a real run's summary and requests
 
-def recorded_runs(folder: Path) -> tuple[dict[str, Any], list[tuple[dict[str, Any], pd.DataFrame]]]:
-    """The ``run`` record of ``folder/comparison.json`` and each real run's summary and
-    requests."""
-    path = folder / "comparison.json"
-    if not path.is_file():
-        raise ValueError(f"{folder} holds no comparison.json of an earlier sim validate")
-    run = json.loads(path.read_text())["run"]
-    runs = []
-    for i in range(1, int(run["repeats"]) + 1):
-        real = folder / f"real-{i}"
-        summary = json.loads((real / "summary.json").read_text())
-        runs.append((summary, pd.read_csv(real / "requests.csv", dtype={"rid": str})))
-    return run, runs
+
+def recorded_runs(folders: list[Path]) -> tuple[dict[str, Any], list[Recorded], list[Path]]:
+    """The ``run`` record of the first folder's ``comparison.json``, and each real run of
+    every folder (its summary, its requests, its folder ``real-N``). The folders must have
+    run the same slice of the same trace (repeats measured another day, say)."""
+    first: dict[str, Any] | None = None
+    runs: list[Recorded] = []
+    paths: list[Path] = []
+    for folder in folders:
+        path = folder / "comparison.json"
+        if not path.is_file():
+            raise ValueError(f"{folder} holds no comparison.json of an earlier sim validate")
+        run = json.loads(path.read_text())["run"]
+        if first is None:
+            first = run
+        elif run["trace"] != first["trace"]:
+            raise ValueError(
+                f"{folder} ran {run['trace']}, {folders[0]} ran {first['trace']}: "
+                "only runs of one trace slice compare together"
+            )
+        for i in range(1, int(run["repeats"]) + 1):
+            real = folder / f"real-{i}"
+            summary = json.loads((real / "summary.json").read_text())
+            runs.append((summary, pd.read_csv(real / "requests.csv", dtype={"rid": str})))
+            paths.append(real)
+    assert first is not None  # argparse gives one folder at least
+    return first, runs, paths
 
 
 def recorded_trace(args: argparse.Namespace, run: dict[str, Any], served: pd.DataFrame) -> Trace:
     """``args.trace`` sliced as the recorded run sliced it, with only the requests it sent."""
     spec = run["trace"]
     if Path(spec["path"]) != Path(args.trace):
-        raise ValueError(f"{args.real_from} recorded {spec['path']}, not {args.trace}")
+        raise ValueError(f"{args.real_from[0]} recorded {spec['path']}, not {args.trace}")
     trace = load_trace(args.trace, rate_scale=spec["rate_scale"], limit=spec["limit"])
     sent = set(served["rid"])
     return replace(trace, requests=[r for r in trace.requests if r.rid in sent])

@@ -55,7 +55,7 @@ from sim.costs.base import CpuCosts, GpuCostModel
 from sim.costs.colocation import kind_of
 from sim.costs.copies import CopyCosts
 from sim.costs.reach import Reach
-from sim.model.shared_gpu import Seat
+from sim.model.shared_gpu import Piece, Seat
 from sim.model.step_record import StepRecordLog
 
 Process = Generator[simpy.Event, Any, None]
@@ -140,6 +140,8 @@ class SimSchedulerLoop:
         while True:
             p.admit_inbox()
             if not s.has_work():
+                if self.seat is not None:
+                    self.seat.rest(env.now)
                 if p.nothing_to_come():
                     return
                 yield p.wait_for_arrival()
@@ -293,7 +295,8 @@ class SimSchedulerLoop:
         if seat is not None:  # the run holds while what it runs beside does
             j = min(j, max(1, int(starts.searchsorted(until, side="left"))))
             run_ends = starts[:j] + gpu[:j]
-            seat.occupy("decode", float(starts[0]), float(run_ends[-1]), beside, run_ends)
+            pieces = (Piece(math.inf, beside),)
+            seat.occupy("decode", float(starts[0]), float(run_ends[-1]), pieces, run_ends)
         stats = s.stats()
         waited = False
         if self.interruptible:

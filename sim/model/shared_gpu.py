@@ -8,24 +8,32 @@ overlap one runs while the next is queued behind it), each with its kind, its
 interval and what it was priced beside. A replica with a step running at
 ``start`` runs beside the new step; one without is idle then.
 
-A step is priced once, at its launch, beside what runs then. What starts
-beside it later is settled when it starts: a replica launching a step over
-another's step that was priced beside something else (an idle replica, or a
-step of another kind) charges that replica the difference over their
-overlap::
+A step is priced once, at its launch, over what is on the GPU then: its work
+(its time alone) advances at ``1 / stretch`` of the kinds running beside it,
+and the kinds change where the others' known steps (running or queued) start
+and end, so a step that outlasts the prefill chunk beside it is stretched only
+while the chunk runs. Past a busy replica's last known step, that replica is
+taken to go on with steps of the same kind; an idle one (its loop waiting for
+requests) runs nothing. The pieces a step was priced over are kept. What
+differs later is settled when it happens: a replica launching a step over a
+piece of another's step that was priced beside something else (an idle
+replica, or a step of another kind), or going idle under pieces priced beside
+its steps, charges that replica the difference over their overlap::
 
-    debt += overlap * (stretch[kind, new kind] - stretch[kind, kind priced beside])
+    debt += overlap * (stretch[kind, new kind] / stretch[kind, kind priced beside] - 1)
 
-(beside an idle replica the stretch is 1), paid on the charged replica's next
-step (its device time grows by the debt; a credit shrinks it, to no less than
-``MIN_SHARE``). So both steps of a pair are stretched for the time they share,
-the later one at its launch, the earlier one a step late.
+(the work done in the overlap at the stretch it was priced at, done at the new one;
+beside an idle replica the stretch is 1), paid on the charged replica's next
+step (its device time grows by the debt, run first; a credit shrinks it, to no
+less than ``MIN_SHARE``). So both steps of a pair are stretched for the time
+they share, the later one at its launch, the earlier one a step late.
 
-Decode runs, priced ahead, hold while what they were priced beside holds: a
-run ends at the earliest end of the others' steps that stretch it (the loop
-then prices the next step), and a step launched beside a run that was priced
-beside something else cuts that run after its running step (its next steps
-are priced beside the new one) and charges it for that step only.
+Decode runs, priced ahead at one stretch, hold while what they were priced
+beside holds: a run ends where another replica's known step starts or ends (the
+loop then prices the next step), and a step launched beside a run that was
+priced beside something else, or a replica going idle under it, cuts that run
+after its running step (its next steps are priced anew) and charges it for that
+step only.
 """
 
 from __future__ import annotations
@@ -45,14 +53,38 @@ MIN_SHARE = 0.5
 
 
 @dataclass(frozen=True, slots=True)
+class Piece:
+    """A stretch of a step's time priced beside the same steps: until when, and the kind
+    of each other replica's step it was priced beside (an idle replica is absent)."""
+
+    until: float
+    beside: dict[int, str]
+    settled: bool = False  # a debt paid: time already stretched, never settled again
+
+
+@dataclass(frozen=True, slots=True)
 class OnGpu:
-    """A replica's step on the GPU and the kinds of the steps it was priced beside."""
+    """A replica's step on the GPU and the pieces of its time, each with the kinds of the
+    steps it was priced beside."""
 
     kind: str  # decode or prefill
     start: float  # on the GPU, seconds
     end: float
-    beside: dict[int, str]  # replica -> the kind of its step this one was priced beside
+    pieces: tuple[Piece, ...]  # in time order; the last one holds to the step's end
     ends: np.ndarray | None = None  # a decode run's step ends (its last is ``end``)
+
+    def priced(self, replica: int, start: float, end: float) -> list[tuple[float, str | None]]:
+        """The parts of [start, end) inside this step, each with the kind of ``replica``'s
+        step it was priced beside (None: idle)."""
+        out: list[tuple[float, str | None]] = []
+        begin = self.start
+        for i, piece in enumerate(self.pieces):
+            until = self.end if i == len(self.pieces) - 1 else min(piece.until, self.end)
+            overlap = min(until, end) - max(begin, start)
+            if overlap > 0 and not piece.settled:
+                out.append((overlap, piece.beside.get(replica)))
+            begin = until
+        return out
 
     def cut(self, t: float) -> OnGpu:
         """This step as it runs once a cut at ``t`` ends a decode run after its running step
@@ -60,7 +92,7 @@ class OnGpu:
         if self.ends is None or t >= self.end:
             return self
         i = min(int(self.ends.searchsorted(t, side="right")), len(self.ends) - 1)
-        return OnGpu(self.kind, self.start, float(self.ends[i]), self.beside, self.ends[: i + 1])
+        return OnGpu(self.kind, self.start, float(self.ends[i]), self.pieces, self.ends[: i + 1])
 
 
 class SharedGpu:
@@ -71,6 +103,7 @@ class SharedGpu:
         self.colocation = colocation
         self.steps: list[list[OnGpu]] = [[] for _ in range(replicas)]
         self.debt = [0.0] * replicas
+        self.idle = [True] * replicas  # waiting for requests: runs nothing past its steps
         self.cuts: list[Callable[[], None]] = [lambda: None] * replicas
 
     def seat(self, replica: int) -> Seat:
@@ -85,31 +118,71 @@ class Seat:
         self.replica = replica
 
     def stretch(self, kind: str, start: float) -> tuple[float, float, dict[int, str]]:
-        """The stretch of a ``kind`` step starting at ``start``, until when it holds (the
-        earliest end of the steps it runs beside; inf: none), and what it runs beside: each
-        other replica's step running at ``start``, by its kind."""
-        beside: dict[int, str] = {}
-        until = math.inf
-        for j, steps in enumerate(self.gpu.steps):
-            if j == self.replica:
-                continue
-            for step in steps:
-                if step.start <= start < step.end:
-                    beside[j] = step.kind
-                    until = min(until, step.end)
+        """The stretch of a ``kind`` step starting at ``start`` (a decode run's), until when
+        it holds (the next start or end of another replica's known step; inf: none), and
+        what it runs beside (``beside_at``)."""
+        beside = self.beside_at(start)
+        until = min((e for e in self._edges() if e > start), default=math.inf)
         return self.gpu.colocation.of(kind, list(beside.values())), until, beside
+
+    def _edges(self) -> list[float]:
+        """Where the other replicas' known steps start and end."""
+        return [
+            e
+            for j, steps in enumerate(self.gpu.steps)
+            if j != self.replica
+            for step in steps
+            for e in (step.start, step.end)
+        ]
+
+    def beside_at(self, t: float) -> dict[int, str]:
+        """The kind of each other replica's step at ``t``: a known step's, or past a busy
+        replica's last known step, the kind of that step."""
+        gpu = self.gpu
+        out: dict[int, str] = {}
+        for j, steps in enumerate(gpu.steps):
+            if j == self.replica or not steps:
+                continue
+            running = [step.kind for step in steps if step.start <= t < step.end]
+            if running:
+                out[j] = running[0]
+            elif not gpu.idle[j] and t >= steps[-1].end:
+                out[j] = steps[-1].kind
+        return out
+
+    def take_debt(self) -> float:
+        """This replica's debt (a credit: negative), now cleared."""
+        debt, self.gpu.debt[self.replica] = self.gpu.debt[self.replica], 0.0
+        return debt
 
     def pay(self, device: float) -> float:
         """A step's (stretched) device time with this replica's debt paid."""
-        debt, self.gpu.debt[self.replica] = self.gpu.debt[self.replica], 0.0
-        return max(device + debt, MIN_SHARE * device)
+        return max(device + self.take_debt(), MIN_SHARE * device)
 
     def price(self, kind: str, start: float, device: float) -> float:
         """The device time of a ``kind`` step launched at ``start`` that takes ``device``
-        alone: stretched, this replica's debt paid; the step is then on the GPU."""
-        factor, _, beside = self.stretch(kind, start)
-        stretched = self.pay(device * factor)
-        self.occupy(kind, start, start + stretched, beside)
+        alone: its work advancing at ``1 / stretch`` of what runs beside it, piece by piece
+        (the module docstring), this replica's debt paid; the step is then on the GPU."""
+        debt = self.take_debt()
+        pieces: list[Piece] = []
+        t, work = start, device
+        if debt > 0:  # the debt first: time stretched when it was run up
+            t += debt
+            pieces.append(Piece(t, {}, settled=True))
+        edges = sorted({e for e in self._edges() if e > t})
+        for edge in [*edges, math.inf]:
+            beside = self.beside_at(t)
+            factor = self.gpu.colocation.of(kind, list(beside.values()))
+            pieces.append(Piece(edge, beside))
+            if work * factor <= edge - t:
+                t += work * factor
+                break
+            work -= (edge - t) / factor
+            t = edge
+        stretched = t - start
+        if debt < 0:  # a credit
+            stretched = max(stretched + debt, MIN_SHARE * stretched)
+        self.occupy(kind, start, start + stretched, tuple(pieces))
         return stretched
 
     def occupy(
@@ -117,31 +190,45 @@ class Seat:
         kind: str,
         start: float,
         end: float,
-        beside: dict[int, str],
+        pieces: tuple[Piece, ...],
         ends: np.ndarray | None = None,
     ) -> None:
         """This replica runs a ``kind`` step (a decode run: steps ending at ``ends``) over
-        [start, end), priced ``beside``; the others' steps it overlaps are settled (module
-        docstring)."""
+        [start, end), priced over ``pieces``; the others' steps it overlaps are settled
+        (module docstring)."""
+        self.settle(start, end, kind)
+        self.gpu.idle[self.replica] = False
+        mine = self.gpu.steps[self.replica]
+        mine.append(OnGpu(kind, start, end, pieces, ends))
+        del mine[:-KEPT]
+
+    def rest(self, t: float) -> None:
+        """This replica waits for requests from ``t``: the others' steps priced beside its
+        steps past ``t`` are settled (module docstring)."""
+        self.settle(t, math.inf, None)
+        self.gpu.idle[self.replica] = True
+
+    def settle(self, start: float, end: float, kind: str | None) -> None:
+        """The others' steps' pieces over [start, end) priced beside other than this
+        replica's ``kind`` (None: idle) run up the difference as debt; a decode run so
+        affected is cut after its running step."""
         gpu, me = self.gpu, self.replica
         table = gpu.colocation.stretch
         for j, steps in enumerate(gpu.steps):
             if j == me:
                 continue
             for i, step in enumerate(steps):
-                priced = step.beside.get(me)
-                if step.end <= start or step.start >= end or priced == kind:
+                parts = [p for p in step.priced(me, start, end) if p[1] != kind]
+                if not parts:
                     continue
                 if step.ends is not None:
                     step = steps[i] = step.cut(start)
                     gpu.cuts[j]()
-                overlap = min(step.end, end) - max(step.start, start)
-                if overlap > 0:
+                    parts = [p for p in step.priced(me, start, end) if p[1] != kind]
+                now = 1.0 if kind is None else table[step.kind, kind]
+                for overlap, priced in parts:
                     was = 1.0 if priced is None else table[step.kind, priced]
-                    gpu.debt[j] += overlap * (table[step.kind, kind] - was)
-        mine = gpu.steps[me]
-        mine.append(OnGpu(kind, start, end, beside, ends))
-        del mine[:-KEPT]
+                    gpu.debt[j] += overlap * (now / was - 1.0)
 
     def trim(self, end: float) -> None:
         """This replica's last step (a decode run, cut) ends at ``end`` instead."""

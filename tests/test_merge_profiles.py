@@ -1,0 +1,56 @@
+"""``scripts/merge_profiles.py``: two runs of one grid's points as one profile."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+from core.scheduler.shape import StepShape
+from sim.costs.profile import EMPTY_SHAPE, ProfileRow, read_profile, write_profile
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def profile(path: Path, model: str, batches: tuple[int, ...], tokenize: float) -> Path:
+    rows = [
+        ProfileRow("decode", StepShape.decode(b, 100 * b, 100), 1, 1e-3 * b, 1e-3 * b, 1e-3 * b, 3)
+        for b in batches
+    ]
+    rows.append(ProfileRow("tokenize", EMPTY_SHAPE, 1, tokenize, tokenize, tokenize, 1))
+    info = {
+        "hardware": "1x H",
+        "model": model,
+        "date": f"d{len(batches)}",
+        "command": "c",
+        "tp": "1",
+    }
+    write_profile(path, info, rows)
+    return path
+
+
+def merge(*args: object) -> subprocess.CompletedProcess[str]:
+    script = ROOT / "scripts" / "merge_profiles.py"
+    return subprocess.run([sys.executable, str(script), *map(str, args)],
+                          capture_output=True, text=True, cwd=ROOT)  # fmt: skip
+
+
+def test_the_step_rows_go_together_and_the_first_gives_the_rest(tmp_path: Path) -> None:
+    a = profile(tmp_path / "a.csv", "m", (1, 2, 4), 5e-6)
+    b = profile(tmp_path / "b.csv", "m", (8, 16), 9e-6)
+    out = tmp_path / "ab.csv"
+    done = merge(a, b, "--out", out)
+    assert done.returncode == 0, done.stderr
+    merged = read_profile(out)
+    assert sorted(r.shape.decode_requests for r in merged.steps) == [1, 2, 4, 8, 16]
+    assert merged.cpu == {"tokenize": 5e-6}
+    assert merged.provenance["date"] == "d3" and merged.provenance["merged_1_date"] == "d2"
+    assert "fit error over 5 rows" in merged.provenance["table_fit"]
+
+
+def test_profiles_of_other_models_do_not_merge(tmp_path: Path) -> None:
+    a = profile(tmp_path / "a.csv", "m", (1, 2), 5e-6)
+    b = profile(tmp_path / "b.csv", "other", (4,), 5e-6)
+    done = merge(a, b, "--out", tmp_path / "ab.csv")
+    assert done.returncode == 2 and "model" in done.stderr
+    assert not (tmp_path / "ab.csv").exists()
