@@ -33,8 +33,8 @@
 #             the Mooncake trace, scripts/trace_conversations.py); the server records its steps
 #   scatter   steps with every decode row under 8,192 tokens, each plan's pages contiguous
 #             and then scattered over the pool as serving leaves them (engine profile
-#             --scatter-pages): at the capacity trace's edge serving ran such steps 8-10 %
-#             slower than the profile at the same shapes, with overlap and without
+#             --scatter-pages; on 28 such plans the two agreed within 1.6 %,
+#             reports/validate/capacity_h200/, last section)
 #   tokcopy   the tokenizer's speed alone, beside 48 GB of pinned memory, and beside 1 GB
 #             host-to-device copies in a loop (scripts/bench_tokenize_beside_copies.py)
 #   split     single steps with long decodes, a step's decode rows planned apart from its
