@@ -55,7 +55,7 @@ from sim.costs.base import CpuCosts, GpuCostModel
 from sim.costs.colocation import kind_of
 from sim.costs.copies import CopyCosts
 from sim.costs.reach import Reach
-from sim.model.shared_gpu import Piece, Seat
+from sim.model.shared_gpu import Piece, Seat, debt_first
 from sim.model.step_record import StepRecordLog
 
 Process = Generator[simpy.Event, Any, None]
@@ -262,11 +262,13 @@ class SimSchedulerLoop:
         seat = self.seat
         if seat is not None:  # on a shared GPU: stretched, and the first step pays the debt
             stretch, until, beside = seat.stretch("decode", now if prev is None else prev.end)
+            debt = 0.0  # of the run's first step, run first (Seat.pay)
         if prev is None:  # strict: step j runs [start, start + cpu + gpu]; tokens at its end
             if seat is not None:
                 alone = self.gpu.decode_device_times(batch, context + batch, longest + 1, k)
                 wall = wall + alone * (stretch - 1.0)
-                wall[0] += seat.pay(alone[0] * stretch) - alone[0] * stretch
+                paid, debt = seat.pay(alone[0] * stretch)
+                wall[0] += paid - alone[0] * stretch
             gpu, durations, before_launch = wall, wall + schedule, schedule
             clock = np.empty(k + 1)  # now, then end j = start j + duration j
             clock[0] = now
@@ -280,7 +282,7 @@ class SimSchedulerLoop:
             cpu = before_launch = schedule + np.maximum(wall - gpu, 0.0)
             if seat is not None:
                 gpu = durations = gpu * stretch
-                gpu[0] = seat.pay(gpu[0])
+                gpu[0], debt = seat.pay(gpu[0])
             gaps = np.maximum(gpu[:-1], cpu[1:])
             starts = np.concatenate(([max(now + cpu[0], prev.end)], gaps)).cumsum()
             begins = np.concatenate(([now], starts[:-1]))  # iteration j begins as j-1 ends
@@ -295,7 +297,7 @@ class SimSchedulerLoop:
         if seat is not None:  # the run holds while what it runs beside does
             j = min(j, max(1, int(starts.searchsorted(until, side="left"))))
             run_ends = starts[:j] + gpu[:j]
-            pieces = (Piece(math.inf, beside),)
+            pieces = (*debt_first(float(starts[0]), debt), Piece(math.inf, beside))
             seat.occupy("decode", float(starts[0]), float(run_ends[-1]), pieces, run_ends)
         stats = s.stats()
         waited = False

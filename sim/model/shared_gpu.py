@@ -95,6 +95,12 @@ class OnGpu:
         return OnGpu(self.kind, self.start, float(self.ends[i]), self.pieces, self.ends[: i + 1])
 
 
+def debt_first(start: float, debt: float) -> tuple[Piece, ...]:
+    """The piece of a step starting at ``start`` that pays a debt first: time stretched
+    when the debt was run up, so never settled again (none for no debt or a credit)."""
+    return (Piece(start + debt, {}, settled=True),) if debt > 0 else ()
+
+
 class SharedGpu:
     """One GPU and the replicas on it: their recent steps, the debts that steps launched
     beside them ran up, and the cuts that end their loops' decode runs."""
@@ -155,20 +161,22 @@ class Seat:
         debt, self.gpu.debt[self.replica] = self.gpu.debt[self.replica], 0.0
         return debt
 
-    def pay(self, device: float) -> float:
-        """A step's (stretched) device time with this replica's debt paid."""
-        return max(device + self.take_debt(), MIN_SHARE * device)
+    def pay(self, stretched: float) -> tuple[float, float]:
+        """A step's stretched device time with this replica's debt paid, and the part of it
+        that is the debt, run first (0 for a credit, which shrinks the step to no less than
+        ``MIN_SHARE`` of it)."""
+        debt = self.take_debt()
+        if debt >= 0:
+            return stretched + debt, debt
+        return max(stretched + debt, MIN_SHARE * stretched), 0.0
 
     def price(self, kind: str, start: float, device: float) -> float:
         """The device time of a ``kind`` step launched at ``start`` that takes ``device``
         alone: its work advancing at ``1 / stretch`` of what runs beside it, piece by piece
         (the module docstring), this replica's debt paid; the step is then on the GPU."""
         debt = self.take_debt()
-        pieces: list[Piece] = []
-        t, work = start, device
-        if debt > 0:  # the debt first: time stretched when it was run up
-            t += debt
-            pieces.append(Piece(t, {}, settled=True))
+        pieces = list(debt_first(start, debt))
+        t, work = start + max(debt, 0.0), device
         edges = sorted({e for e in self._edges() if e > t})
         for edge in [*edges, math.inf]:
             beside = self.beside_at(t)
