@@ -26,7 +26,11 @@
 #             replica records its steps (the attribution sets the profile against each one's)
 #   capacity  `sim validate --capacity` on a trace none of the model's choices saw (a `sim gen`
 #             trace of mid-length prompts with shared prefixes, bursty; or $CAP_TRACE at
-#             $CAP_SCALE), SLOs TTFT <= $CAP_TTFT_MS (1000) and TPOT <= 50 ms for 99 % of requests
+#             $CAP_SCALE, $CAP_LIMIT requests), SLOs TTFT <= $CAP_TTFT_MS (1000) and TPOT <= 50 ms
+#             for 99 % of requests; the simulated side with $CAP_PROFILE (the committed profile)
+#   alone     a run at the edge of the capacity trace ($ALONE_TRACE at $ALONE_SCALE, default the
+#             mid-length trace at 1.3x) with its step record, then $ALONE_PLANS steps of each kind
+#             timed alone (engine profile --plans-from): serving against the same plans alone
 #   tier      the host KV tier: `sim validate` of a trace whose shared prefixes outgrow a small
 #             device pool, with the tier off and on ($TIER_GB, $TIER_PAGES, $TIER_RATE; or
 #             $TIER_TRACE with $TIER_LIMIT requests at $TIER_SCALE, e.g. a conversation sample of
@@ -92,6 +96,11 @@ wait_ready() {  # wait_ready URL PID SECONDS: 0 once /health answers, 1 if the s
     done
     echo "server $2 not ready after $3 s"
     return 1
+}
+mid_prefix_trace() {  # the capacity part's held-out trace (mid-length prompts, shared prefixes)
+    python3 -m lab.cli.sim gen --arrival gamma --cv 2.0 --rate 8 --input uniform:256:6144 \
+        --output uniform:32:384 --num 300 --prefix-groups 10 --prefix-len uniform:512:3072 \
+        --seed 41 --out build/mid_prefix.jsonl
 }
 for part in $parts; do
     case $part in
@@ -190,14 +199,13 @@ for part in $parts; do
         [ "${CLUSTER_MPS:-0}" = 1 ] && echo quit | nvidia-cuda-mps-control
         ;;
     capacity)  # the real engine's capacity against the simulator's, on a held-out trace
-        python3 -m lab.cli.sim gen --arrival gamma --cv 2.0 --rate 8 --input uniform:256:6144 \
-            --output uniform:32:384 --num 300 --prefix-groups 10 --prefix-len uniform:512:3072 \
-            --seed 41 --out build/mid_prefix.jsonl
+        mid_prefix_trace
         pid=$(serve_bg 18400 "$out/capacity_server.log" --max-prefill-tokens 2048)
         if wait_ready http://127.0.0.1:18400 "$pid" 240; then
             run capacity "${CAP_TIMEOUT:-560}" python3 -m lab.cli.sim validate \
                 "${CAP_TRACE:-build/mid_prefix.jsonl}" --rate-scale "${CAP_SCALE:-1}" \
-                --url http://127.0.0.1:18400 --profile profiles/h200_llama-3.1-8b.csv \
+                ${CAP_LIMIT:+--limit "$CAP_LIMIT"} \
+                --url http://127.0.0.1:18400 --profile "${CAP_PROFILE:-profiles/h200_llama-3.1-8b.csv}" \
                 --tokenizer .gpu/tokenizer --capacity --slo-ttft-ms "${CAP_TTFT_MS:-1000}" \
                 --slo-tpot-ms 50 --attainment 0.99 --tolerance 0.1 --repeats 2 --no-report \
                 --no-progress --out "$out/capacity"
@@ -206,6 +214,25 @@ for part in $parts; do
         fi
         kill "$pid" 2>/dev/null
         wait "$pid" 2>/dev/null
+        ;;
+    alone)  # a run at the edge recorded, then its steps' plans timed alone on the same machine
+        mid_prefix_trace
+        pid=$(serve_bg 18450 "$out/alone_server.log" --max-prefill-tokens 2048 \
+            --record-steps "$out/alone_steps_all.csv")
+        if wait_ready http://127.0.0.1:18450 "$pid" 240; then
+            run alone_run 200 python3 -m lab.cli.sim validate "${ALONE_TRACE:-build/mid_prefix.jsonl}" \
+                --rate-scale "${ALONE_SCALE:-1.3}" --url http://127.0.0.1:18450 \
+                --profile profiles/h200_llama-3.1-8b.csv --tokenizer .gpu/tokenizer --repeats 1 \
+                --no-report --no-progress --out "$out/alone_run"
+        else
+            tail -n 20 "$out/alone_server.log"
+        fi
+        kill "$pid" 2>/dev/null
+        wait "$pid" 2>/dev/null
+        run alone_plans 240 python3 -m lab.cli.engine profile --model llama-3.1-8b --dummy-weights \
+            --tokenizer .gpu/tokenizer --device cuda --no-cpu-stages --max-prefill-tokens 2048 \
+            --plans-from "$out/alone_run/real-1/engine_steps.csv" \
+            --plans-per-kind "${ALONE_PLANS:-60}" --out "$out/alone_plans.csv"
         ;;
     tier)  # the host KV tier: a trace whose prefixes outgrow a small device pool, with and without
         python3 -m lab.cli.sim gen --rate "${TIER_RATE:-2.5}" --input uniform:8704:10240 \

@@ -58,7 +58,8 @@ class SimConfig:
     cost_model: str = "roofline"
     profile: str | None = None
     cost_model_by_default: bool = False  # build_config chose cost_model and profile, unasked
-    cpu_profile: str | None = None  # None: the committed profiles/cpu_costs.csv
+    cpu_profile: str | None = None  # CPU stage costs first from this profile (None: the
+    # profile's, else the committed profiles/cpu_costs.csv)
     # pipeline
     num_tokenizers: int = 1
     overlap: bool = (

@@ -25,6 +25,7 @@ from sim.costs.base import CpuCosts, GpuCostModel
 from sim.costs.colocation import read_colocation
 from sim.costs.copies import CopyCosts, copy_costs
 from sim.costs.presets import hardware
+from sim.costs.profile import cpu_costs_from
 from sim.costs.reach import Reach, reach_summary
 from sim.model.calls import RecordingScheduler
 from sim.model.cluster import Cluster
@@ -86,10 +87,9 @@ class _Bar(Progress):
 def build_costs(config: SimConfig) -> tuple[GpuCostModel, CpuCosts]:
     profile = read_profile(config.profile) if config.profile else None
     gpu = make_cost_model(config.cost_model, config.cost_spec(profile))
-    if config.cpu_profile:
-        cpu = load_cpu_costs(profile, default=config.cpu_profile)
-    else:
-        cpu = load_cpu_costs(profile)
+    cpu = load_cpu_costs(profile)
+    if config.cpu_profile:  # asked for: its CPU rows first (a profile of the runs' host)
+        cpu = cpu_costs_from(read_profile(config.cpu_profile), fallback=cpu)
     return gpu, cpu
 
 

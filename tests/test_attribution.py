@@ -89,6 +89,27 @@ def validate_again(
     return out, real
 
 
+def test_a_config_file_changes_the_recorded_config(tmp_path: Path) -> None:
+    """``--real-from DIR --config FILE``: the file's keys replace the recorded ones (here the CPU
+    stage costs of another profile, whose tokenizer takes 3.4 us a token against the H200
+    profile's 5.9: earlier first tokens)."""
+    out, _ = validate_again(tmp_path, overlap=False, factor=None, record=False)
+    before = json.loads((out / "comparison.json").read_text())
+    other_cpu = "profiles/cpu-epyc-2core_smollm2-135m.csv"
+    config = tmp_path / "cpu.json"
+    config.write_text(json.dumps({"cpu_profile": other_cpu}))
+    again = tmp_path / "again_cpu"
+    args = ["validate", str(TRACE), "--real-from", str(tmp_path / "earlier"), "--profile",
+            PROFILE, "--config", str(config), "--out", str(again), "--no-report",
+            "--no-progress"]  # fmt: skip
+    assert sim_main(args) == 0
+    after = json.loads((again / "comparison.json").read_text())
+    assert after["run"]["sim_config"]["cpu_profile"] == other_cpu
+    assert before["run"]["sim_config"]["cpu_profile"] is None
+    assert "--config" in after["run"]["command"]
+    assert after["ttft_ms"]["p50"]["sim"] < before["ttft_ms"]["p50"]["sim"]
+
+
 def attribute_simulated_run(tmp_path: Path, overlap: bool, factor: float | None) -> dict:
     """``validate_again`` with the step record: the real run's attribution."""
     out, real = validate_again(tmp_path, overlap, factor, record=True)

@@ -70,6 +70,7 @@ def test_bisection_finds_the_tokenizer_capacity(
     assert boundary_low == pytest.approx(0.3)
     assert boundary_low / 1.02 < cap["max_rate_scale"] <= 3 / (10 - 4.8 / 197)
     assert cap["first_failing_scale"] / cap["max_rate_scale"] <= 1.02 + 1e-12
+    assert cap["max_rate_scale"] <= cap["crossing_scale"] <= cap["first_failing_scale"]
     assert cap["replicas_even_split"] == 4 == math.ceil(1 / cap["max_rate_scale"])
     rate = N / ((N - 1) * GAP_MS / 1e3)
     assert cap["max_request_rate"] == pytest.approx(cap["max_rate_scale"] * rate)

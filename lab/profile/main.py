@@ -9,6 +9,7 @@ repeats, and ``--max-seconds`` for the step grid.
 from __future__ import annotations
 
 import argparse
+import csv
 import logging
 import random
 import shlex
@@ -26,8 +27,16 @@ from engine.runner.hardware import hardware
 from lab.profile import provenance
 from lab.profile.copies import measure_copies
 from lab.profile.grid import GridSpec, StepPoint, ints
+from lab.profile.recorded import (
+    COMPARISON_COLUMNS,
+    RecordedStep,
+    comparison_rows,
+    recorded_steps,
+    summary,
+)
 from lab.profile.stages import measure_stages
 from lab.profile.steps import StepTimer, serving_runner
+from schema.steprecord import read_step_record
 from sim.costs.profile import (
     STEP_KINDS,
     UNIT_KINDS,
@@ -79,6 +88,19 @@ def build_parser() -> argparse.ArgumentParser:
         help="give each plan's sequences pages in a random order of the pool, as a serving "
         "pool leaves them (default: one sequence's pages after another's)",
     )
+    p.add_argument(
+        "--plans-from",
+        type=Path,
+        help="time the plans of a CUDA run's step record (engine_steps.csv) instead of the "
+        "grid, and write OUT's stem + _vs_record.csv: each step's device time in the run "
+        "beside the same plan's alone (lab/profile/recorded.py)",
+    )
+    p.add_argument(
+        "--plans-per-kind",
+        type=int,
+        default=40,
+        help="--plans-from: steps of each kind (mixed, decode, prefill), evenly spaced (40)",
+    )
     p.add_argument("--no-steps", action="store_true", help="CPU stage costs only")
     p.add_argument("--no-cpu-stages", action="store_true", help="step times only")
     return p
@@ -109,10 +131,15 @@ def grid_spec(args: argparse.Namespace, device: str) -> GridSpec:
 
 
 def measure_steps(
-    cfg: ServeConfig, spec: GridSpec, args: argparse.Namespace, info: dict[str, str]
+    cfg: ServeConfig,
+    spec: GridSpec,
+    args: argparse.Namespace,
+    info: dict[str, str],
+    recorded: list[RecordedStep],
 ) -> list[ProfileRow]:
-    """Time the grid's plans (shuffled, so that ``--max-seconds`` cuts evenly) on the runner
-    ``engine serve`` would build from ``cfg``."""
+    """Time the grid's plans (shuffled, so that ``--max-seconds`` cuts evenly), or those of
+    ``recorded`` steps in their order, on the runner ``engine serve`` would build from
+    ``cfg``."""
     from engine.scheduler_proc.loop import runner_args
 
     rargs = runner_args(cfg)
@@ -127,20 +154,36 @@ def measure_steps(
         info["attention_backend"] = runner.backend_name
         info["cuda_graph"] = str(rargs.cuda_graph and on_cuda)
         info["num_pages"] = f"{runner.num_pages} of {runner.page_size} tokens"
-        points = spec.points()
-        left_out = [p for p in points if not timer.fits(p)]
-        points = [p for p in points if timer.fits(p)]
-        if left_out:
-            print(
-                f"left out {len(left_out)} plans larger than the KV pool or a request",
-                file=sys.stderr,
-            )
-        random.Random(spec.seed).shuffle(points)
+        # shuffled, so that --max-seconds cuts every kind evenly
+        random.Random(spec.seed).shuffle(recorded)
+        points = [s.point() for s in recorded] if recorded else spec.points()
+        fits = [timer.fits(p) for p in points]
+        if not all(fits):
+            print(f"left out {fits.count(False)} plans larger than the KV pool or a request",
+                  file=sys.stderr)  # fmt: skip
+        points = [p for p, fit in zip(points, fits, strict=True) if fit]
+        recorded = [s for s, fit in zip(recorded, fits, strict=False) if fit]
+        if not recorded:
+            random.Random(spec.seed).shuffle(points)
         rows = run_points(timer, points, args)
         copies = measure_copies(runner, args.repeats, info)
     if len(rows) < len(points):
         info["cut"] = f"--max-seconds {args.max_seconds}: timed {len(rows)} of {len(points)} plans"
+    if recorded:
+        vs_record(recorded, rows, runner.page_size, args.out)
     return rows + copies
+
+
+def vs_record(recorded: list[RecordedStep], rows: list[ProfileRow], page_size: int,
+              out: Path) -> None:  # fmt: skip
+    """Write and print each recorded step's device time in its run beside the time alone."""
+    path = out.with_name(f"{out.stem}_vs_record.csv")
+    with path.open("w", newline="") as f:
+        writer = csv.writer(f)
+        writer.writerow(COMPARISON_COLUMNS)
+        writer.writerows(comparison_rows(recorded, rows, page_size))
+    print("\n".join(summary(recorded, rows)))
+    print(f"wrote {path}")
 
 
 def run_points(
@@ -186,6 +229,12 @@ def profile_main(argv: list[str] | None = None) -> int:
         parser.exit(2, f"engine profile: error: --tp {cfg.tp_size} needs as many CUDA devices, "
                     f"this machine has {torch.cuda.device_count()}\n")  # fmt: skip
     spec = grid_spec(args, cfg.device)
+    recorded: list[RecordedStep] = []
+    if args.plans_from is not None:
+        try:
+            recorded = recorded_steps(read_step_record(args.plans_from), args.plans_per_kind)
+        except (OSError, ValueError) as exc:
+            parser.exit(2, f"engine profile: error: --plans-from: {exc}\n")
     info = {
         "hardware": hardware(cfg.device, cfg.tp_size),
         "model": f"{cfg.model} ({'dummy weights' if cfg.dummy_weights else cfg.model_path})",
@@ -198,8 +247,11 @@ def profile_main(argv: list[str] | None = None) -> int:
     }
     rows: list[ProfileRow] = []
     if not args.no_steps:
-        info["grid"] = describe_grid(spec, args)
-        rows += measure_steps(cfg, spec, args, info)
+        info["grid"] = (
+            f"plans of {args.plans_from}, {args.plans_per_kind} a kind" if args.plans_from
+            else describe_grid(spec, args)
+        )  # fmt: skip
+        rows += measure_steps(cfg, spec, args, info, recorded)
     if not args.no_cpu_stages:
         rows += measure_stages(cfg, args.stage_repeats, info)
     steps = [r for r in rows if r.kind in STEP_KINDS]

@@ -97,7 +97,7 @@ def write_capacity_page(
     shown = ["config_id", *knobs, "max_rate_scale", "max_request_rate", "replicas_even_split",
              *simulated,
              "attainment_at_max", "binding_limit_at_max", "first_failing_scale",
-             "binding_limit_above", "ttft_stage_above", "engine_busy_above",
+             "crossing_scale", "binding_limit_above", "ttft_stage_above", "engine_busy_above",
              "ttft_ms_p90_at_max", "tpot_ms_p90_at_max", "probes",
              "error"]  # fmt: skip
     sections = [

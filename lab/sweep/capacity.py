@@ -14,7 +14,10 @@ With the traffic split evenly over ``N`` replicas each sees rate scale
 ``1 / N``, so the trace's own rate needs ``ceil(1 / lo)`` replicas. The binding
 limit (``lab.report.verdict``) is reported at ``lo`` and at ``hi``, the lowest
 failing scale: the limit that binds at the edge; with it, at ``hi``, the stage
-that takes the largest share of TTFT and how busy the engine is. Bisection assumes attainment
+that takes the largest share of TTFT and how busy the engine is. ``crossing_scale`` is the
+point estimate between probes: where the attainment falls through the target, interpolated
+in the logarithm of the scale between ``lo`` and the next probed scale above it (what
+``sim validate --capacity`` sets against the real engine's). Bisection assumes attainment
 falls as the rate rises; all probes are listed in ``probes.csv``.
 
 All configurations search at once: each round runs one probe per unfinished
@@ -151,8 +154,26 @@ def arrival_rate(trace: Trace) -> float:
     return len(trace.requests) / span if span > 0 else math.inf
 
 
+def crossing(mean: dict[float, float], attainment: float) -> float | None:
+    """Where ``mean`` (scale -> attainment) falls through ``attainment``: interpolated in the
+    logarithm of the scale between the highest scale that reaches it and the next probed
+    scale above; None when no scale reaches it, the last scale when none falls below it."""
+    scales = sorted(mean)
+    reached = [x for x in scales if mean[x] >= attainment]
+    if not reached:
+        return None
+    lo = max(reached)
+    above = [x for x in scales if x > lo]
+    if not above:
+        return lo
+    hi = above[0]
+    a, b = mean[lo], mean[hi]
+    share = (a - attainment) / (a - b)
+    return float(math.exp(math.log(lo) + share * (math.log(hi) - math.log(lo))))
+
+
 def capacity_table(
-    plan: Plan, searches: list[Search], knobs: list[str], rate: float
+    plan: Plan, searches: list[Search], knobs: list[str], rate: float, attainment: float
 ) -> pd.DataFrame:
     """One row per configuration: its knobs, capacity, replicas and the limits at the edge."""
     records = []
@@ -169,6 +190,10 @@ def capacity_table(
                 "attainment_at_max": at.get("slo_attainment"),
                 "binding_limit_at_max": at.get("binding_limit"),
                 "first_failing_scale": s.hi,
+                "crossing_scale": crossing(
+                    {x: r["slo_attainment"] for x, r in s.rows.items() if not r.get("error")},
+                    attainment,
+                ),
                 "attainment_above": above.get("slo_attainment"),
                 "binding_limit_above": above.get("binding_limit"),
                 "ttft_stage_above": above.get("dominant_ttft_stage"),

@@ -155,7 +155,7 @@ def cmd_capacity(args: argparse.Namespace) -> int:
     finally:
         run.executor.close()
     rate = arrival_rate(run.trace)
-    capacity = capacity_table(run.plan, searches, run.knobs, rate)
+    capacity = capacity_table(run.plan, searches, run.knobs, rate, args.attainment)
     probes = probes_table([s.rows for s in searches], args.attainment)
     run.out.mkdir(parents=True, exist_ok=True)
     replica_cols = []
@@ -172,7 +172,7 @@ def cmd_capacity(args: argparse.Namespace) -> int:
     write_capacity_page(run.out, f"sim capacity: {args.trace.name}", subtitle, capacity,
                         probes, run.knobs, args.attainment,
                         (args.slo_ttft_ms, args.slo_tpot_ms))  # fmt: skip
-    cols = ["config_id", *run.knobs, "max_rate_scale", "max_request_rate",
+    cols = ["config_id", *run.knobs, "max_rate_scale", "crossing_scale", "max_request_rate",
             "replicas_even_split", *replica_cols, "binding_limit_at_max",
             "binding_limit_above", "ttft_stage_above", "error"]  # fmt: skip
     print(f"trace rate {rate:.2f} req/s; SLO attainment >= {args.attainment:g}")

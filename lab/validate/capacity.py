@@ -37,11 +37,10 @@ server's settings, the profile's ``table`` model), to the same tolerance.
 from __future__ import annotations
 
 import argparse
-import math
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from lab.sweep.capacity import Bracket, arrival_rate, search_capacity
+from lab.sweep.capacity import Bracket, arrival_rate, crossing, search_capacity
 from lab.sweep.executor import Serial
 from lab.sweep.probes import Probe, RowCache, file_digest
 from lab.sweep.sweep import Plan
@@ -122,23 +121,6 @@ def search_real(
             for x, a in sorted(runs.items())
         ],
     }
-
-
-def crossing(mean: dict[float, float], attainment: float) -> float | None:
-    """Where ``mean`` (scale -> attainment) falls through ``attainment`` (module docstring);
-    None when no scale reaches it, the last scale when none falls below it."""
-    scales = sorted(mean)
-    reached = [x for x in scales if mean[x] >= attainment]
-    if not reached:
-        return None
-    lo = max(reached)
-    above = [x for x in scales if x > lo]
-    if not above:
-        return lo
-    hi = above[0]
-    a, b = mean[lo], mean[hi]
-    share = (a - attainment) / (a - b)
-    return float(math.exp(math.log(lo) + share * (math.log(hi) - math.log(lo))))
 
 
 def search_sim(

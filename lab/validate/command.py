@@ -70,6 +70,7 @@ REAL_FROM_READS = (
     "profile",
     "overlap",
     "colocation",
+    "config",
     "out",
     "no_report",
     "no_progress",

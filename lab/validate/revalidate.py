@@ -4,7 +4,9 @@ validate`` runs recorded in each ``DIR``, with another ``--profile``, without a 
 The trace slice (rate scale, limit, the requests the server could take) and the
 simulator's config come from the first ``DIR/comparison.json`` (every folder must
 have run the same slice: their real runs are then repeats of one measurement); only the profile (its
-``table`` model, CPU costs and dtype) and, if given, ``--overlap`` change. The
+``table`` model, CPU costs and dtype) and, if given, ``--overlap``, ``--colocation`` and the
+keys of a ``--config`` file change (for example ``cpu_profile``: the CPU stage costs of a
+profile measured on the machine of the runs). The
 real side is each ``DIR/real-N``'s ``summary.json`` and ``requests.csv``, so
 ``comparison.json`` has the same keys as a live validation; the HTML report,
 which needs the real runs' inter-token gaps, is not written.
@@ -21,7 +23,7 @@ from typing import Any
 import pandas as pd
 
 from schema.traces import Trace, load_trace
-from sim.config import CONFIG_KEYS, SimConfig, build_config
+from sim.config import CONFIG_KEYS, SimConfig, build_config, read_config_file
 from sim.costs.committed import profile_dtype
 
 Recorded = tuple[dict[str, Any], pd.DataFrame]  # a real run's summary and requests
@@ -66,9 +68,11 @@ def recorded_trace(args: argparse.Namespace, run: dict[str, Any], served: pd.Dat
 
 
 def recorded_config(args: argparse.Namespace, run: dict[str, Any]) -> SimConfig:
-    """The recorded simulator config with ``--profile`` (and ``--overlap`` and
-    ``--colocation``, if given)."""
+    """The recorded simulator config with ``--profile`` (and ``--overlap``, ``--colocation``
+    and the ``--config`` file's keys, if given)."""
     values = {k: v for k, v in run["sim_config"].items() if k in CONFIG_KEYS}
+    if args.config is not None:
+        values |= read_config_file(args.config)
     # records from before the key: replicas came only from engine serve --dp, one frontend
     values.setdefault("shared_frontend", values.get("replicas", 1) > 1)
     values |= {"profile": args.profile, "cost_model": "table", "dtype": profile_dtype(args.profile)}
