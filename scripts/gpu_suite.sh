@@ -30,7 +30,10 @@
 #             for 99 % of requests; the simulated side with $CAP_PROFILE (the committed profile)
 #   alone     a run at the edge of the capacity trace ($ALONE_TRACE at $ALONE_SCALE, default the
 #             mid-length trace at 1.3x) with its step record, then $ALONE_PLANS steps of each kind
-#             timed alone (engine profile --plans-from): serving against the same plans alone
+#             timed alone (engine profile --plans-from): serving against the same plans alone,
+#             device time and the host's launch; $ALONE_LIMIT requests, $ALONE_SERVE_ARGS more
+#             server flags (e.g. --cpu-threads 1: does serving's host launch eager steps late
+#             for want of cores?)
 #   tier      the host KV tier: `sim validate` of a trace whose shared prefixes outgrow a small
 #             device pool, with the tier off and on ($TIER_GB, $TIER_PAGES, $TIER_RATE; or
 #             $TIER_TRACE with $TIER_LIMIT requests at $TIER_SCALE, e.g. a conversation sample of
@@ -218,10 +221,11 @@ for part in $parts; do
     alone)  # a run at the edge recorded, then its steps' plans timed alone on the same machine
         mid_prefix_trace
         pid=$(serve_bg 18450 "$out/alone_server.log" --max-prefill-tokens 2048 \
-            --record-steps "$out/alone_steps_all.csv")
+            --record-steps "$out/alone_steps_all.csv" ${ALONE_SERVE_ARGS:-})
         if wait_ready http://127.0.0.1:18450 "$pid" 240; then
             run alone_run 200 python3 -m lab.cli.sim validate "${ALONE_TRACE:-build/mid_prefix.jsonl}" \
-                --rate-scale "${ALONE_SCALE:-1.3}" --url http://127.0.0.1:18450 \
+                --rate-scale "${ALONE_SCALE:-1.3}" ${ALONE_LIMIT:+--limit "$ALONE_LIMIT"} \
+                --url http://127.0.0.1:18450 \
                 --profile profiles/h200_llama-3.1-8b.csv --tokenizer .gpu/tokenizer --repeats 1 \
                 --no-report --no-progress --out "$out/alone_run"
         else

@@ -6,7 +6,8 @@ Reads what ``engine profile --plans-from`` writes (each recorded step's device t
 run, ``recorded_device_ms``, and the same plan's alone, ``alone_device_ms``) and prints, per
 step kind, the summed device time of the run over the plans alone (serving's own share of a
 step-time error) and of each profile's ``table`` model over the plans alone (the fit's
-share), priced on the recorded shapes.
+share), priced on the recorded shapes; and the median host launch of a step in the run and
+alone, where the file has them.
 """
 
 from __future__ import annotations
@@ -42,6 +43,9 @@ def ratios(frame: pd.DataFrame, profiles: list[Path]) -> pd.DataFrame:
             "run/alone": part["recorded_device_ms"].sum() / alone,
         }
         row |= {f"{name}/alone": part[name].sum() / alone for name in models}
+        for where in ("recorded", "alone"):  # the host's launch, median ms (newer files)
+            if f"{where}_launch_ms" in part:
+                row[f"launch ms ({where})"] = part[f"{where}_launch_ms"].median()
         rows.append(row)
     return pd.DataFrame(rows)
 

@@ -30,7 +30,7 @@ chunk = st.tuples(st.integers(0, 4096), st.integers(1, 2048))
 
 def recorded(point: StepPoint, step: int = 0, device_ms: float = 1.0) -> RecordedStep:
     plan = point.plan(PAGE)
-    return RecordedStep(step, 0, StepShape.of_plan(plan), len(plan.prefill), device_ms)
+    return RecordedStep(step, 0, StepShape.of_plan(plan), len(plan.prefill), device_ms, 2.0)
 
 
 @settings(max_examples=200, deadline=None)
@@ -91,7 +91,7 @@ def write_record(path: Path, steps: list[RecordedStep]) -> None:
         w = csv.writer(f)
         w.writerow(STEP_RECORD_COLUMNS)
         for i, s in enumerate(steps):
-            times = [i, i, i, i, i + 0.5]
+            times = [i, i, i, i + s.launch_ms / 1e3, i + 0.5]
             shape = [getattr(s.shape, c) for c in StepShape.__slots__]
             w.writerow([s.step, *times, s.device_ms, 0, 0, 1, s.prefill_requests, *shape])
 
@@ -103,6 +103,7 @@ def test_steps_are_chosen_evenly_per_kind(tmp_path: Path) -> None:
     chosen = recorded_steps(read_step_record(tmp_path / "r.csv"), 4)
     assert [s.step for s in chosen] == [10, 11, 12, 0, 2, 5, 7]
     assert chosen[0].kind == "mixed" and chosen[0].device_ms == 3.0
+    assert chosen[0].launch_ms == pytest.approx(2.0)
     untimed = read_step_record(tmp_path / "r.csv").assign(device_ms=float("nan"))
     with pytest.raises(ValueError, match="no device times"):
         recorded_steps(untimed, 4)
@@ -129,9 +130,11 @@ def test_engine_profile_times_a_record_s_plans(
     by_step = {int(r["step"]): r for r in rows}
     assert by_step[7]["kind"] == "mixed" and by_step[7]["shape_exact"] == "1"
     assert float(by_step[3]["recorded_device_ms"]) == 40.0
+    assert float(by_step[3]["recorded_launch_ms"]) == pytest.approx(2.0)
     assert all(float(r["alone_device_ms"]) > 0 for r in rows)
+    assert all(0 < float(r["alone_launch_ms"]) < 5e3 for r in rows)
     printed = capsys.readouterr().out
-    assert "run/alone" in printed and "mixed" in printed
+    assert "run/alone" in printed and "mixed" in printed and "ms alone" in printed
     with pytest.raises(SystemExit) as exc:
         profile_main([*argv[:-3], "--plans-from", str(tmp_path / "none.csv"), "--out", str(out)])
     assert exc.value.code == 2

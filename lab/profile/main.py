@@ -170,19 +170,25 @@ def measure_steps(
     if len(rows) < len(points):
         info["cut"] = f"--max-seconds {args.max_seconds}: timed {len(rows)} of {len(points)} plans"
     if recorded:
-        vs_record(recorded, rows, runner.page_size, args.out)
+        vs_record(recorded, rows, timer.launches, runner.page_size, args.out)
     return rows + copies
 
 
-def vs_record(recorded: list[RecordedStep], rows: list[ProfileRow], page_size: int,
-              out: Path) -> None:  # fmt: skip
-    """Write and print each recorded step's device time in its run beside the time alone."""
+def vs_record(
+    recorded: list[RecordedStep],
+    rows: list[ProfileRow],
+    launches: list[float | None],
+    page_size: int,
+    out: Path,
+) -> None:
+    """Write and print each recorded step's device and launch times in its run beside the
+    times alone."""
     path = out.with_name(f"{out.stem}_vs_record.csv")
     with path.open("w", newline="") as f:
         writer = csv.writer(f)
         writer.writerow(COMPARISON_COLUMNS)
-        writer.writerows(comparison_rows(recorded, rows, page_size))
-    print("\n".join(summary(recorded, rows)))
+        writer.writerows(comparison_rows(recorded, rows, launches, page_size))
+    print("\n".join(summary(recorded, rows, launches)))
     print(f"wrote {path}")
 
 

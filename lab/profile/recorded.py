@@ -26,6 +26,8 @@ rebuilt chunk samples: a logits row more for a chunk that did not end its prompt
 
 from __future__ import annotations
 
+import math
+import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
@@ -50,6 +52,7 @@ class RecordedStep:
     shape: StepShape
     prefill_requests: int
     device_ms: float
+    launch_ms: float  # the host's launch in the run (launched - enqueued); NaN if unrecorded
 
     @property
     def kind(self) -> str:
@@ -148,6 +151,7 @@ def recorded_steps(frame: pd.DataFrame, per_kind: int) -> list[RecordedStep]:
             StepShape(*(int(row[c]) for c in SHAPE_COLUMNS)),
             int(row["prefill_requests"]),
             float(row["device_ms"]),
+            1e3 * float(row["launched"] - row["enqueued"]),
         )
         for _, row in timed.iterrows()
     ]
@@ -167,14 +171,18 @@ def evenly(items: Sequence[RecordedStep], count: int) -> list[RecordedStep]:
 
 COMPARISON_COLUMNS = (
     "replica", "step", "kind", "prefill_requests", *SHAPE_COLUMNS, "shape_exact",
-    "recorded_device_ms", "alone_device_ms",
+    "recorded_device_ms", "alone_device_ms", "recorded_launch_ms", "alone_launch_ms",
 )  # fmt: skip
 
 
 def comparison_rows(
-    steps: Sequence[RecordedStep], rows: Sequence[ProfileRow], page_size: int
+    steps: Sequence[RecordedStep],
+    rows: Sequence[ProfileRow],
+    launches: Sequence[float | None],
+    page_size: int,
 ) -> list[list[str]]:
-    """One row a step timed: its shape, the device time the run gave it and the time alone."""
+    """One row a step timed: its shape, the device and launch times the run gave it and the
+    plan's alone (``launches``: seconds, per row)."""
     return [
         [
             str(s.replica),
@@ -185,25 +193,37 @@ def comparison_rows(
             str(int(s.shape_matches(page_size))),
             f"{s.device_ms:.4f}",
             f"{r.device_time * 1e3:.4f}",
+            f"{s.launch_ms:.4f}",
+            "" if launch is None else f"{launch * 1e3:.4f}",
         ]
-        for s, r in zip(steps, rows, strict=False)
+        for s, r, launch in zip(steps, rows, launches, strict=False)
     ]
 
 
-def summary(steps: Sequence[RecordedStep], rows: Sequence[ProfileRow]) -> list[str]:
-    """Per kind: the run's summed device time over the summed time alone, and the median of
-    the step by step ratios."""
+def summary(
+    steps: Sequence[RecordedStep], rows: Sequence[ProfileRow], launches: Sequence[float | None]
+) -> list[str]:
+    """Per kind: the run's summed device time over the summed time alone, the median of the
+    step by step ratios, and the median host launch in the run and alone."""
     lines = ["recorded steps: device time in the run against the same plans alone"]
-    pairs = list(zip(steps, rows, strict=False))
     for kind in KINDS:
-        of_kind = [(s.device_ms / 1e3, r.device_time) for s, r in pairs if s.kind == kind]
+        of_kind = [(s, r, x) for s, r, x in zip(steps, rows, launches, strict=False)
+                   if s.kind == kind]  # fmt: skip
         if not of_kind:
             continue
-        ran = sum(a for a, _ in of_kind)
-        alone = sum(b for _, b in of_kind)
-        ratios = sorted(a / b for a, b in of_kind)
+        ran = sum(s.device_ms / 1e3 for s, _, _ in of_kind)
+        alone = sum(r.device_time for _, r, _ in of_kind)
+        ratios = [s.device_ms / 1e3 / r.device_time for s, r, _ in of_kind]
+        launch_run = [s.launch_ms for s, _, _ in of_kind if not math.isnan(s.launch_ms)]
+        launch_alone = [x * 1e3 for _, _, x in of_kind if x is not None]
         lines.append(
             f"  {kind:<8}{len(of_kind):5} steps  run/alone {ran / alone:6.3f} (summed), "
-            f"median {ratios[len(ratios) // 2]:6.3f}"
+            f"median {median(ratios):6.3f}; launch median {median(launch_run):7.2f} ms in "
+            f"the run, {median(launch_alone):7.2f} ms alone"
         )
     return lines
+
+
+def median(values: Sequence[float]) -> float:
+    """The median (NaN for none)."""
+    return statistics.median(values) if values else math.nan

@@ -1,12 +1,15 @@
 """Time batch plans on the serving runner, as the engine's loop runs them.
 
-Two times per plan:
+Times per plan:
 
 - *wall* (``duration_s``): the step end to end, as the strictly alternating
   loop runs it between ``schedule`` and ``complete``: the plan's
   ``StepInputs`` built on the host from the requests' token sequences
   (``StepDriver.inputs``), then ``TPLeader.launch`` (broadcast to the TP followers,
   the forward pass, sampling) and the tokens back on the host as a list.
+- *launch* (``StepTimer.launches``, not in the profile): the host's time from the upload
+  of the plan's inputs to the launch's return, as the step record's ``launched -
+  enqueued``, in the strict runs;
 - *device* (``device_s``, CUDA): the step's period when the same plan is
   launched back to back without waiting, as the overlapped loop launches
   steps: the time between the CUDA events that end consecutive steps. The host
@@ -85,6 +88,9 @@ class StepTimer:
         self.vocab = vocab
         config = SchedulerConfig(num_pages=num_pages, page_size=page_size)
         self.engine = StepDriver(config, leader.launch, eos_token_ids=())
+        # per plan run, the median host time from the upload to the launch's return (the
+        # step record's launched - enqueued), seconds; None where the runner does not say
+        self.launches: list[float | None] = []
 
     def fits(self, point: StepPoint) -> bool:
         """Whether the pool holds the point and the request table each of its sequences."""
@@ -105,16 +111,21 @@ class StepTimer:
         for slot in plan.decode:
             self._track(slot.rid, slot.position + 1)
         engine = self.engine
-        times = []
+        times, launches = [], []
         try:
             for i in range(warmup + repeats):
                 start = time.perf_counter()
-                engine.run_model(plan, engine.inputs(plan)).result()
+                handle = engine.run_model(plan, engine.inputs(plan))
+                returned = time.time()
+                handle.result()
                 if i >= warmup:
                     times.append(time.perf_counter() - start)
+                    if handle.enqueued is not None:
+                        launches.append(returned - handle.enqueued)
             device = self._device_time(plan, repeats) if self.runner.device.type == "cuda" else None
         finally:
             engine.tracked.clear()
+        self.launches.append(statistics.median(launches) if launches else None)
         shape = StepShape.of_plan(plan)
         return ProfileRow(
             ProfileRow.step_kind(shape),
