@@ -100,12 +100,23 @@ wait_ready() {  # wait_ready URL PID SECONDS: 0 once /health answers, 1 if the s
     echo "server $2 not ready after $3 s"
     return 1
 }
+host_cpu() {  # the CPU stage costs of this host, once per output folder: each validation's
+    # simulation takes them (--cpu-profile) over its profile's, measured on another host
+    # (two H200 hosts' tokenizers differed by 37 %: reports/cluster/h200_shared_gpu/, last section)
+    [ -f "$out/host_cpu.csv" ] || python3 -m lab.cli.engine profile --model llama-3.1-8b \
+        --dummy-weights --tokenizer .gpu/tokenizer --device cuda --no-steps \
+        --out "$out/host_cpu.csv" >"$out/host_cpu.log" 2>&1
+    [ -f "$out/host_cpu.csv" ] && echo "--cpu-profile $out/host_cpu.csv"
+}
 mid_prefix_trace() {  # the capacity part's held-out trace (mid-length prompts, shared prefixes)
     python3 -m lab.cli.sim gen --arrival gamma --cv 2.0 --rate 8 --input uniform:256:6144 \
         --output uniform:32:384 --num 300 --prefix-groups 10 --prefix-len uniform:512:3072 \
         --seed 41 --out build/mid_prefix.jsonl
 }
 for part in $parts; do
+    case $part in  # measured before the part's server starts
+    attribution|cluster|capacity|alone|tier|validate) cpu_flag=$(host_cpu) ;;
+    esac
     case $part in
     probe)
         run probe 120 python3 scripts/gpu_capture_probe.py --max-bs 16
@@ -157,7 +168,7 @@ for part in $parts; do
         if wait_ready http://127.0.0.1:18500 "$pid" 240; then
             for spec in ${ATTR_RUNS:-conv:traces/azure_conv.csv:250:2.0}; do
                 IFS=: read -r name trace limit scale <<<"$spec"
-                run "attr_${name}_x$scale" 400 python3 -m lab.cli.sim validate "$trace" \
+                run "attr_${name}_x$scale" 400 python3 -m lab.cli.sim validate $cpu_flag "$trace" \
                     --url http://127.0.0.1:18500 --profile profiles/h200_llama-3.1-8b.csv \
                     --tokenizer .gpu/tokenizer --max-running 256 --max-prefill-tokens 2048 \
                     --limit "$limit" --rate-scale "$scale" --repeats "${ATTR_REPEATS:-1}" \
@@ -188,7 +199,7 @@ for part in $parts; do
                 >"$out/cluster_${policy}_server.log" 2>&1 &
             pid=$!
             if wait_ready http://127.0.0.1:18600 "$pid" 240; then
-                run "cluster_$policy" 400 python3 -m lab.cli.sim validate \
+                run "cluster_$policy" 400 python3 -m lab.cli.sim validate $cpu_flag \
                     "${CLUSTER_TRACE:-traces/mooncake_conversation.jsonl}" --url http://127.0.0.1:18600 \
                     --profile "$qprofile" --tokenizer .gpu/tokenizer --limit "${CLUSTER_LIMIT:-600}" \
                     --rate-scale "${CLUSTER_SCALE:-2}" --repeats 1 --no-report --no-progress \
@@ -205,7 +216,7 @@ for part in $parts; do
         mid_prefix_trace
         pid=$(serve_bg 18400 "$out/capacity_server.log" --max-prefill-tokens 2048)
         if wait_ready http://127.0.0.1:18400 "$pid" 240; then
-            run capacity "${CAP_TIMEOUT:-560}" python3 -m lab.cli.sim validate \
+            run capacity "${CAP_TIMEOUT:-560}" python3 -m lab.cli.sim validate $cpu_flag \
                 "${CAP_TRACE:-build/mid_prefix.jsonl}" --rate-scale "${CAP_SCALE:-1}" \
                 ${CAP_LIMIT:+--limit "$CAP_LIMIT"} \
                 --url http://127.0.0.1:18400 --profile "${CAP_PROFILE:-profiles/h200_llama-3.1-8b.csv}" \
@@ -223,7 +234,7 @@ for part in $parts; do
         pid=$(serve_bg 18450 "$out/alone_server.log" --max-prefill-tokens 2048 \
             --record-steps "$out/alone_steps_all.csv" ${ALONE_SERVE_ARGS:-})
         if wait_ready http://127.0.0.1:18450 "$pid" 240; then
-            run alone_run 200 python3 -m lab.cli.sim validate "${ALONE_TRACE:-build/mid_prefix.jsonl}" \
+            run alone_run 200 python3 -m lab.cli.sim validate $cpu_flag "${ALONE_TRACE:-build/mid_prefix.jsonl}" \
                 --rate-scale "${ALONE_SCALE:-1.3}" ${ALONE_LIMIT:+--limit "$ALONE_LIMIT"} \
                 --url http://127.0.0.1:18450 \
                 --profile profiles/h200_llama-3.1-8b.csv --tokenizer .gpu/tokenizer --repeats 1 \
@@ -248,7 +259,7 @@ for part in $parts; do
             pid=$(serve_bg 18700 "$out/tier_gb${gb}_server.log" --num-pages "${TIER_PAGES:-2048}" \
                 --host-kv-gb "$gb" --record-steps "$out/tier_gb${gb}_steps_all.csv")
             if wait_ready http://127.0.0.1:18700 "$pid" 240; then
-                run "tier_gb$gb" "${TIER_TIMEOUT:-300}" python3 -m lab.cli.sim validate "$tier_trace" $tier_args \
+                run "tier_gb$gb" "${TIER_TIMEOUT:-300}" python3 -m lab.cli.sim validate $cpu_flag "$tier_trace" $tier_args \
                     --url http://127.0.0.1:18700 --profile profiles/h200_llama-3.1-8b.csv \
                     --tokenizer .gpu/tokenizer --max-running 256 --repeats 1 --no-report \
                     --no-progress --out "$out/tier_gb$gb"
@@ -318,7 +329,7 @@ for part in $parts; do
         pid=$(serve_bg 18400 "$out/validate_server.log")
         if wait_ready http://127.0.0.1:18400 "$pid" 240; then
             for x in $RATES; do
-                run "validate_rate$x" 200 python3 -m lab.cli.sim validate traces/azure_conv.csv \
+                run "validate_rate$x" 200 python3 -m lab.cli.sim validate $cpu_flag traces/azure_conv.csv \
                     --url http://127.0.0.1:18400 --profile "$profile_csv" \
                     --tokenizer .gpu/tokenizer --max-running 256 --limit "$LIMIT" \
                     --rate-scale "$x" --repeats 2 --no-report --no-progress \

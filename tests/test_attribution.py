@@ -90,7 +90,8 @@ def validate_again(
 
 
 def test_a_config_file_changes_the_recorded_config(tmp_path: Path) -> None:
-    """``--real-from DIR --config FILE``: the file's keys replace the recorded ones (here the CPU
+    """``--real-from DIR --config FILE`` (or ``--cpu-profile``): the file's keys replace the
+    recorded ones (here the CPU
     stage costs of another profile, whose tokenizer takes 3.4 us a token against the H200
     profile's 5.9: earlier first tokens)."""
     out, _ = validate_again(tmp_path, overlap=False, factor=None, record=False)
@@ -108,6 +109,13 @@ def test_a_config_file_changes_the_recorded_config(tmp_path: Path) -> None:
     assert before["run"]["sim_config"]["cpu_profile"] is None
     assert "--config" in after["run"]["command"]
     assert after["ttft_ms"]["p50"]["sim"] < before["ttft_ms"]["p50"]["sim"]
+    flag = tmp_path / "again_flag"
+    args = [*args[: args.index("--config")], "--cpu-profile", other_cpu, "--out", str(flag),
+            "--no-report", "--no-progress"]  # fmt: skip
+    assert sim_main(args) == 0
+    by_flag = json.loads((flag / "comparison.json").read_text())
+    assert by_flag["ttft_ms"]["p50"]["sim"] == after["ttft_ms"]["p50"]["sim"]
+    assert "--cpu-profile" in by_flag["run"]["command"]
 
 
 def attribute_simulated_run(tmp_path: Path, overlap: bool, factor: float | None) -> dict:

@@ -70,6 +70,7 @@ REAL_FROM_READS = (
     "profile",
     "overlap",
     "colocation",
+    "cpu_profile",
     "config",
     "out",
     "no_report",
@@ -103,6 +104,12 @@ def add_validate_args(sub: argparse._SubParsersAction[argparse.ArgumentParser]) 
         help="simulate overlap scheduling (default: as the server reports, else the config's)",
     )
     p.add_argument("--num-tokenizers", type=int, default=1)
+    p.add_argument(
+        "--cpu-profile",
+        metavar="FILE",
+        help="CPU stage costs from this profile, before --profile's (measure them on the host "
+        "that serves: engine profile --no-steps; hosts of one GPU kind differ by 30 %%)",
+    )
     p.add_argument(
         "--colocation",
         metavar="FILE",

@@ -4,9 +4,9 @@ validate`` runs recorded in each ``DIR``, with another ``--profile``, without a 
 The trace slice (rate scale, limit, the requests the server could take) and the
 simulator's config come from the first ``DIR/comparison.json`` (every folder must
 have run the same slice: their real runs are then repeats of one measurement); only the profile (its
-``table`` model, CPU costs and dtype) and, if given, ``--overlap``, ``--colocation`` and the
-keys of a ``--config`` file change (for example ``cpu_profile``: the CPU stage costs of a
-profile measured on the machine of the runs). The
+``table`` model, CPU costs and dtype) and, if given, ``--overlap``, ``--colocation``,
+``--cpu-profile`` (the CPU stage costs of a profile measured on the runs' host) and the keys
+of a ``--config`` file change. The
 real side is each ``DIR/real-N``'s ``summary.json`` and ``requests.csv``, so
 ``comparison.json`` has the same keys as a live validation; the HTML report,
 which needs the real runs' inter-token gaps, is not written.
@@ -68,8 +68,8 @@ def recorded_trace(args: argparse.Namespace, run: dict[str, Any], served: pd.Dat
 
 
 def recorded_config(args: argparse.Namespace, run: dict[str, Any]) -> SimConfig:
-    """The recorded simulator config with ``--profile`` (and ``--overlap``, ``--colocation``
-    and the ``--config`` file's keys, if given)."""
+    """The recorded simulator config with ``--profile`` (and ``--overlap``, ``--colocation``,
+    ``--cpu-profile`` and the ``--config`` file's keys, if given)."""
     values = {k: v for k, v in run["sim_config"].items() if k in CONFIG_KEYS}
     if args.config is not None:
         values |= read_config_file(args.config)
@@ -80,4 +80,6 @@ def recorded_config(args: argparse.Namespace, run: dict[str, Any]) -> SimConfig:
         values["overlap"] = args.overlap
     if args.colocation is not None:
         values["colocation"] = args.colocation
+    if args.cpu_profile is not None:
+        values["cpu_profile"] = args.cpu_profile
     return build_config(None, **values)
