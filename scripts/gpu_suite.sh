@@ -22,7 +22,7 @@
 #             traces with shared prefixes ($ATTR_RUNS, $ATTR_REPEATS)
 #   cluster   `engine serve --dp 2 --dp-share-gpu` of Qwen3-0.6B against its simulation on the
 #             Mooncake conversation trace or $CLUSTER_TRACE, per router policy ($CLUSTER_POLICIES,
-#             _SCALE, _LIMIT, _PROFILE, _MPS, _COLOCATION: a co-location table); the Qwen3 profile measures the long grid; each
+#             _SCALE, _LIMIT, _REPEATS, _PROFILE, _MPS, _COLOCATION: a co-location table); the Qwen3 profile measures the long grid; each
 #             replica records its steps (the attribution sets the profile against each one's)
 #   capacity  `sim validate --capacity` on a trace none of the model's choices saw (a `sim gen`
 #             trace of mid-length prompts with shared prefixes, bursty; or $CAP_TRACE at
@@ -199,10 +199,11 @@ for part in $parts; do
                 >"$out/cluster_${policy}_server.log" 2>&1 &
             pid=$!
             if wait_ready http://127.0.0.1:18600 "$pid" 240; then
-                run "cluster_$policy" 400 python3 -m lab.cli.sim validate $cpu_flag \
+                run "cluster_$policy" $((150 * ${CLUSTER_REPEATS:-1} + 250)) python3 -m lab.cli.sim validate $cpu_flag \
                     "${CLUSTER_TRACE:-traces/mooncake_conversation.jsonl}" --url http://127.0.0.1:18600 \
                     --profile "$qprofile" --tokenizer .gpu/tokenizer --limit "${CLUSTER_LIMIT:-600}" \
-                    --rate-scale "${CLUSTER_SCALE:-2}" --repeats 1 --no-report --no-progress \
+                    --rate-scale "${CLUSTER_SCALE:-2}" --repeats "${CLUSTER_REPEATS:-1}" \
+                    --no-report --no-progress \
                     ${CLUSTER_COLOCATION:+--colocation "$CLUSTER_COLOCATION"} --out "$out/cluster_$policy"
             else
                 tail -n 20 "$out/cluster_${policy}_server.log"
