@@ -86,10 +86,14 @@ def test_replay_names_its_cost_model_and_why(
     assert cm["chosen"].startswith("by default: the committed profile of llama-3.1-8b on h200")
     assert summary["config"]["cost_model_by_default"] is True
     assert "cost model   table (profile: " in printed and "chosen       by default: " in printed
+    assert "warning      the profile is of a CUDA engine" in printed  # the strict loop, unasked
     assert main([*base, "--cost-model", "roofline", "--out", str(tmp_path / "r")]) == 0
     summary = json.loads((tmp_path / "r" / "summary.json").read_text())
     assert summary["cost_model"]["name"] == "roofline"
     assert summary["cost_model"]["chosen"] == "as requested"
+    assert "CUDA engine" not in capsys.readouterr().out  # no profile
+    assert main([*base, "--overlap", "--out", str(tmp_path / "o")]) == 0
+    assert "CUDA engine" not in capsys.readouterr().out  # overlapped, as the engine
 
 
 def test_sweeps_build_their_configs_the_same_way(tmp_path: Path) -> None:

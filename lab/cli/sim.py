@@ -16,7 +16,7 @@ from lab.validate.command import add_validate_args
 from schema.tables import STEP_FORMATS, CsvTable, MemoryTable, TableWriter, table_writer
 from schema.traces import TraceError, generate, load_trace
 from sim.config import CONFIG_KEYS, SimConfig, build_config
-from sim.costs import COST_MODELS, ProfileError
+from sim.costs import COST_MODELS, ProfileError, read_profile
 from sim.costs.reach import reach_warning
 from sim.model.replica import FLUSH_STEPS
 from sim.replay import ReplayTables
@@ -218,8 +218,24 @@ def cmd_replay(args: argparse.Namespace) -> int:
     if args.timeline:
         write_timeline(args.out / TIMELINE_NAME, result.requests, result.steps, "sim replay")
     print(format_summary(summary))
+    warning = overlap_warning(config)
+    if warning:
+        print(warning)
     print(f"\noutputs in {args.out}/")
     return 0
+
+
+def overlap_warning(config: SimConfig) -> str | None:
+    """A line when the profile is a CUDA engine's, which overlaps scheduling by default, and
+    this replay ran the strict loop."""
+    if config.overlap or not config.profile:
+        return None
+    if not read_profile(config.profile).provenance.get("device", "").startswith("cuda"):
+        return None
+    return (
+        "warning      the profile is of a CUDA engine, which overlaps scheduling unless served "
+        "with --no-overlap; this replay ran the strict loop (--overlap simulates the default)"
+    )
 
 
 def cmd_gen(args: argparse.Namespace) -> int:
