@@ -37,7 +37,8 @@
 #   tier      the host KV tier: `sim validate` of a trace whose shared prefixes outgrow a small
 #             device pool, with the tier off and on ($TIER_GB, $TIER_PAGES, $TIER_RATE; or
 #             $TIER_TRACE with $TIER_LIMIT requests at $TIER_SCALE, e.g. a conversation sample of
-#             the Mooncake trace, scripts/trace_conversations.py); the server records its steps
+#             the Mooncake trace, scripts/trace_conversations.py; $TIER_SERVE_ARGS: more server
+#             flags); the server records its steps
 #   scatter   steps with every decode row under 8,192 tokens, each plan's pages contiguous
 #             and then scattered over the pool as serving leaves them (engine profile
 #             --scatter-pages; on 28 such plans the two agreed within 1.6 %,
@@ -258,7 +259,7 @@ for part in $parts; do
         tier_args=${TIER_TRACE:+--limit ${TIER_LIMIT:-200} --rate-scale ${TIER_SCALE:-0.4}}
         for gb in ${TIER_GB:-0 48}; do
             pid=$(serve_bg 18700 "$out/tier_gb${gb}_server.log" --num-pages "${TIER_PAGES:-2048}" \
-                --host-kv-gb "$gb" --record-steps "$out/tier_gb${gb}_steps_all.csv")
+                --host-kv-gb "$gb" --record-steps "$out/tier_gb${gb}_steps_all.csv" ${TIER_SERVE_ARGS:-})
             if wait_ready http://127.0.0.1:18700 "$pid" 240; then
                 run "tier_gb$gb" "${TIER_TIMEOUT:-300}" python3 -m lab.cli.sim validate $cpu_flag "$tier_trace" $tier_args \
                     --url http://127.0.0.1:18700 --profile profiles/h200_llama-3.1-8b.csv \
