@@ -137,9 +137,8 @@ def measure_steps(
     info: dict[str, str],
     recorded: list[RecordedStep],
 ) -> list[ProfileRow]:
-    """Time the grid's plans (shuffled, so that ``--max-seconds`` cuts evenly), or those of
-    ``recorded`` steps in their order, on the runner ``engine serve`` would build from
-    ``cfg``."""
+    """Time the grid's plans, or those of the ``recorded`` steps (shuffled, so that
+    ``--max-seconds`` cuts evenly), on the runner ``engine serve`` would build from ``cfg``."""
     from engine.scheduler_proc.loop import runner_args
 
     rargs = runner_args(cfg)

@@ -13,15 +13,16 @@ A shape does not name each request's context, so a plan is rebuilt from it:
   ``decode_padded / decode_requests``; the rows ramp evenly up to the longest
   (serving's rows spread over many lengths), or where a ramp cannot reach that
   sum, one row at the longest and the others equal;
-- ``prefill_requests`` chunks share ``prefill_tokens`` and the cached prefix
+- ``prefill_requests`` chunks hold ``prefill_tokens`` after the cached prefix
   before them (``context_tokens`` less the decode rows' and the chunks' own
-  tokens) evenly.
+  tokens): one chunk takes the length and prefix that bring the query-key pairs
+  nearest ``prefill_attention``, the others share the rest evenly.
 
 So the rebuilt plan has the recorded plan's shape exactly in every field a
-cost model reads, but ``prefill_attention`` (exact for one chunk; chunks of
-unequal prefixes attend to more pairs than equal ones) and ``sampled`` (every
-rebuilt chunk samples: a logits row more for a chunk that did not end its prompt).
-``shape_matches`` says which steps are exact but for that.
+cost model reads, but ``prefill_attention`` where no such split reaches it (one
+chunk is always exact; 48 of 50 mixed steps of an H200 edge run were) and
+``sampled`` (every rebuilt chunk samples: a logits row more for a chunk that did
+not end its prompt). ``shape_matches`` says which steps are exact but for that.
 """
 
 from __future__ import annotations
@@ -45,7 +46,8 @@ KINDS = ("mixed", "decode", "prefill")
 
 @dataclass(frozen=True, slots=True)
 class RecordedStep:
-    """One step of a record: its number, shape, prefill chunks and device time in the run."""
+    """One step of a record: its number, shape, prefill chunks, and its device time and host
+    launch in the run."""
 
     step: int
     replica: int
