@@ -25,7 +25,7 @@ model: $(STAMP)
 	$(VENV)/bin/engine setup --model smollm2-135m
 
 demo: $(STAMP)
-	$(VENV)/bin/sim replay traces/azure_conv.csv --slo-ttft-ms 300 --slo-tpot-ms 10 --out out/demo
+	$(VENV)/bin/sim replay traces/azure_conv.csv --overlap --slo-ttft-ms 300 --slo-tpot-ms 10 --out out/demo
 	@echo "report: out/demo/report.html"
 
 lint: $(STAMP)
