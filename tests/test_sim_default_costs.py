@@ -94,6 +94,10 @@ def test_replay_names_its_cost_model_and_why(
     assert "CUDA engine" not in capsys.readouterr().out  # no profile
     assert main([*base, "--overlap", "--out", str(tmp_path / "o")]) == 0
     assert "CUDA engine" not in capsys.readouterr().out  # overlapped, as the engine
+    host = "profiles/cpu-epyc-2core_smollm2-135m.csv"  # CPU stage costs of another host first
+    assert main([*base, "--cpu-profile", host, "--out", str(tmp_path / "c")]) == 0
+    summary = json.loads((tmp_path / "c" / "summary.json").read_text())
+    assert summary["cpu_costs"]["source"].startswith(f"{host} over ")
 
 
 def test_sweeps_build_their_configs_the_same_way(tmp_path: Path) -> None:

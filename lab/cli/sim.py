@@ -29,6 +29,12 @@ def _replay_args(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> No
     p.add_argument("--config", type=Path, help="JSON or TOML config file")
     p.add_argument("--profile", help="profile CSV (implies --cost-model table)")
     p.add_argument(
+        "--cpu-profile",
+        metavar="FILE",
+        help="CPU stage costs from this profile first (e.g. engine profile --no-steps of the "
+        "host that serves), the profile's after",
+    )
+    p.add_argument(
         "--cost-model",
         choices=sorted(COST_MODELS),
         help="default: table, fitted to the committed profile of the model on the hardware "
