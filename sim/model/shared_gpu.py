@@ -95,6 +95,12 @@ class OnGpu:
         return OnGpu(self.kind, self.start, float(self.ends[i]), self.pieces, self.ends[: i + 1])
 
 
+def credited(stretched: float, credit: float) -> float:
+    """A step's device time shrunk by a ``credit`` (negative debt), to no less than
+    ``MIN_SHARE`` of it."""
+    return max(stretched + credit, MIN_SHARE * stretched)
+
+
 def debt_first(start: float, debt: float) -> tuple[Piece, ...]:
     """The piece of a step starting at ``start`` that pays a debt first: time stretched
     when the debt was run up, so never settled again (none for no debt or a credit)."""
@@ -168,7 +174,7 @@ class Seat:
         debt = self.take_debt()
         if debt >= 0:
             return stretched + debt, debt
-        return max(stretched + debt, MIN_SHARE * stretched), 0.0
+        return credited(stretched, debt), 0.0
 
     def price(self, kind: str, start: float, device: float) -> float:
         """The device time of a ``kind`` step launched at ``start`` that takes ``device``
@@ -187,9 +193,7 @@ class Seat:
                 break
             work -= (edge - t) / factor
             t = edge
-        stretched = t - start
-        if debt < 0:  # a credit
-            stretched = max(stretched + debt, MIN_SHARE * stretched)
+        stretched = t - start if debt >= 0 else credited(t - start, debt)
         self.occupy(kind, start, start + stretched, tuple(pieces))
         return stretched
 
