@@ -40,6 +40,7 @@ last column, ``replica``, in (replica, step) order.
 from __future__ import annotations
 
 import csv
+import gzip
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -97,11 +98,12 @@ def replica_record_path(path: Path, replica: int, replicas: int) -> Path:
 def read_step_record(path: Path) -> pd.DataFrame:
     """A step record as a frame with ``STEP_RECORD_COLUMNS`` in order (and ``replica`` after
     them where the file has it), typed as ``FLOAT_COLUMNS`` says, in step order (replica by
-    replica); ``ValueError`` naming ``path`` when its header or a cell does not fit or a
-    step lacks one of its times."""
+    replica; a ``.gz`` file is read gzipped); ``ValueError`` naming ``path`` when its header
+    or a cell does not fit or a step lacks one of its times."""
     import pandas as pd
 
-    with path.open(newline="") as f:
+    opener = gzip.open if path.suffix == ".gz" else open
+    with opener(path, "rt", newline="") as f:
         header = tuple(next(csv.reader(f), []))
     known = [
         (*columns, *last)

@@ -1,12 +1,14 @@
 """Measure how replicas sharing a GPU stretch each other's steps: a co-location table.
 
     python scripts/fit_colocation.py STEPS.replica0.csv STEPS.replica1.csv \\
+        [--run OTHER.replica0.csv OTHER.replica1.csv ...] [--form affine|ratio] \\
         --profile PROFILE.csv --model qwen3-0.6b --out colocation.csv
 
 The step records are those of ``engine serve --dp N --dp-share-gpu --record-steps
 STEPS.csv`` (one file per replica, or one file with a ``replica`` column as
 ``engine bench --server-steps`` writes it); the profile is the replicas' model
-measured alone on that GPU. The table (``sim.costs.colocation``) is what
+measured alone on that GPU. ``--run`` adds the records of another run (at another
+load: the table is fitted to all runs' steps together). The table (``sim.costs.colocation``) is what
 ``sim replay --colocation FILE`` and ``sim validate --colocation FILE`` read.
 """
 
@@ -20,7 +22,7 @@ import pandas as pd
 
 from schema.steprecord import REPLICA_COLUMN, read_step_record
 from sim.config import build_config
-from sim.costs.colocation import fit_colocation
+from sim.costs.colocation import FORMS, fit_colocation
 from sim.replay import build_costs
 
 
@@ -39,6 +41,10 @@ def replica_records(paths: list[Path]) -> list[pd.DataFrame]:
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("records", type=Path, nargs="+", help="the replicas' step records")
+    p.add_argument("--run", type=Path, nargs="+", action="append", default=[],
+                   help="another run's step records (repeatable)")  # fmt: skip
+    p.add_argument("--form", choices=FORMS, default="affine",
+                   help="per pair of kinds a stretch and a fixed time, or a stretch")  # fmt: skip
     p.add_argument("--profile", required=True, help="the model's profile, measured alone")
     p.add_argument("--model", help="the model preset (default: the simulator's default)")
     p.add_argument("--out", type=Path, required=True, help="the table's CSV")
@@ -46,15 +52,19 @@ def main(argv: list[str] | None = None) -> int:
     try:
         config = build_config(None, model=args.model, profile=args.profile, overlap=True)
         gpu, _ = build_costs(config)
-        names = ", ".join(str(path) for path in args.records)
-        table = fit_colocation(replica_records(args.records), gpu, f"fitted to {names}")
+        runs = [args.records, *args.run]
+        names = "; ".join(", ".join(str(path) for path in run) for run in runs)
+        table = fit_colocation(
+            [replica_records(run) for run in runs], gpu, f"fitted to {names}", args.form
+        )
     except ValueError as exc:
         print(f"fit_colocation: error: {exc}", file=sys.stderr)
         return 2
     table.write(args.out)
-    print(f"{'step':<9}{'beside':<9}{'stretch':>9}{'steps':>8}")
+    print(f"{'step':<9}{'beside':<9}{'stretch':>9}{'fixed ms':>10}{'steps':>8}")
     for (kind, other), value in sorted(table.stretch.items()):
-        print(f"{kind:<9}{other:<9}{value:>9.3f}{table.steps[kind, other]:>8}")
+        fixed_ms = table.fixed.get((kind, other), 0.0) * 1e3
+        print(f"{kind:<9}{other:<9}{value:>9.3f}{fixed_ms:>10.2f}{table.steps[kind, other]:>8}")
     print(f"wrote {args.out}")
     if table.missing():
         why = "the simulator needs each (add rows by hand, or record a run that has them)"

@@ -27,7 +27,8 @@
 #   capacity  `sim validate --capacity` on a trace none of the model's choices saw (a `sim gen`
 #             trace of mid-length prompts with shared prefixes, bursty; or $CAP_TRACE at
 #             $CAP_SCALE, $CAP_LIMIT requests), SLOs TTFT <= $CAP_TTFT_MS (1000) and TPOT <= 50 ms
-#             for 99 % of requests; the simulated side with $CAP_PROFILE (the committed profile)
+#             for 99 % of requests; the simulated side with $CAP_PROFILE (the committed profile);
+#             $CAP_SERVE_ARGS more server flags
 #   alone     a run at the edge of the capacity trace ($ALONE_TRACE at $ALONE_SCALE, default the
 #             mid-length trace at 1.3x) with its step record, then $ALONE_PLANS steps of each kind
 #             timed alone (engine profile --plans-from): serving against the same plans alone,
@@ -216,7 +217,7 @@ for part in $parts; do
         ;;
     capacity)  # the real engine's capacity against the simulator's, on a held-out trace
         mid_prefix_trace
-        pid=$(serve_bg 18400 "$out/capacity_server.log" --max-prefill-tokens 2048)
+        pid=$(serve_bg 18400 "$out/capacity_server.log" --max-prefill-tokens 2048 ${CAP_SERVE_ARGS:-})
         if wait_ready http://127.0.0.1:18400 "$pid" 240; then
             run capacity "${CAP_TIMEOUT:-560}" python3 -m lab.cli.sim validate $cpu_flag \
                 "${CAP_TRACE:-build/mid_prefix.jsonl}" --rate-scale "${CAP_SCALE:-1}" \

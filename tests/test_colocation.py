@@ -6,18 +6,20 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from dataclasses import asdict
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
 import pytest
 
+from core.scheduler.shape import StepShape
 from schema.traces import Trace
 from schema.traces.record import TraceRequest
 from sim.config import build_config
-from sim.costs.colocation import Colocation, read_colocation
+from sim.costs.colocation import Colocation, fit_colocation, read_colocation
 from sim.model.shared_gpu import MIN_SHARE, SharedGpu
-from sim.replay import run_replay
+from sim.replay import build_costs, run_replay
 
 ROOT = Path(__file__).resolve().parents[1]
 PROFILE = ROOT / "reports" / "cluster" / "h200_shared_gpu" / "conv_sample" / "h200_qwen3-0.6b.csv"
@@ -76,7 +78,8 @@ def test_a_replica_with_the_gpu_to_itself_is_not_stretched(tmp_path: Path) -> No
 def test_two_decoding_replicas_stretch_each_other_and_the_fit_reads_it_back(tmp_path: Path) -> None:
     """Two long decodes side by side, one on each replica: every decode step runs beside the
     other's, so each is stretched by decode-beside-decode, which a fit of the step record
-    recovers; the inter-token time grows by the same factor."""
+    recovers (as a ratio: the steps are all of about one size); the inter-token time grows
+    by the same factor."""
     both = Trace(
         "both", "jsonl", [TraceRequest("a", 0.0, 64, 600), TraceRequest("b", 0.0, 64, 600)]
     )
@@ -93,8 +96,9 @@ def test_two_decoding_replicas_stretch_each_other_and_the_fit_reads_it_back(tmp_
                            "--profile", str(PROFILE), "--model", "qwen3-0.6b", "--out", str(out)],
                           capture_output=True, text=True, cwd=ROOT)  # fmt: skip
     assert done.returncode == 0, done.stderr
-    fitted = pd.read_csv(out).set_index(["kind", "other"])["stretch"]
-    assert fitted["decode", "decode"] == pytest.approx(1.5, rel=0.02)
+    fitted = pd.read_csv(out).set_index(["kind", "other"])
+    assert fitted.loc[("decode", "decode"), "stretch"] == pytest.approx(1.5, rel=0.02)
+    assert fitted.loc[("decode", "decode"), "fixed_ms"] == 0  # steps of one size: a ratio
 
 
 def test_the_later_step_of_a_pair_settles_the_earlier_one(tmp_path: Path) -> None:
@@ -180,6 +184,7 @@ def test_one_frontend_serves_the_replicas_of_one_server() -> None:
     [
         ("kind,other,stretch\n", "starts with the header"),
         ("kind,other,stretch,steps\ndecode,decode,x,1\n", "must be numbers"),
+        ("kind,other,stretch,fixed_ms,steps\ndecode,decode,1.2,y,1\n", "must be numbers"),
         ("kind,other,stretch,steps\ndecode,gpu,1.2,1\n", "OTHER in"),
         ("kind,other,stretch,steps\ndecode,decode,0,1\n", "must be > 0"),
         ("kind,other,stretch,steps\ndecode,decode,1.2,1\n", "no stretch for"),
@@ -199,8 +204,66 @@ def test_a_table_round_trips(tmp_path: Path) -> None:
     again = tmp_path / "again.csv"
     read.write(again)
     assert read_colocation(again).stretch == read.stretch
-    assert read.of("decode", ["prefill"]) == 2.5 and read.of("prefill", []) == 1.0
-    assert read.of("decode", ["decode", "prefill"]) == pytest.approx(1 + 0.25 + 1.5)
+    assert read.of("decode", ["prefill"], 0.01) == 2.5 and read.of("prefill", [], 0.01) == 1.0
+    assert read.of("decode", ["decode", "prefill"], 0.01) == pytest.approx(1 + 0.25 + 1.5)
+
+
+def test_a_fixed_time_weighs_on_short_steps_and_round_trips(tmp_path: Path) -> None:
+    """decode beside prefill at 1.5 * w + 4 ms: a 2 ms step takes 7 ms (3.5x), a 20 ms one
+    34 ms (1.7x); a negative fixed time never makes a step faster than alone."""
+    path = tmp_path / "t.csv"
+    path.write_text("kind,other,stretch,fixed_ms,steps\n"
+                    "decode,decode,1.2,0,9\ndecode,prefill,1.5,4,9\n"
+                    "prefill,decode,1.4,-8,9\nprefill,prefill,2,0,9\n")  # fmt: skip
+    read = read_colocation(path)
+    assert read.of("decode", ["prefill"], 0.002) == pytest.approx(3.5)
+    assert read.of("decode", ["prefill"], 0.020) == pytest.approx(1.7)
+    assert read.of("prefill", ["decode"], 0.010) == 1.0  # 1.4 - 0.8 = 0.6, held at 1
+    assert read.of("prefill", ["decode"], 0.100) == pytest.approx(1.32)
+    again = tmp_path / "again.csv"
+    read.write(again)
+    assert read_colocation(again).fixed == pytest.approx(read.fixed)
+    gpu = SharedGpu(read, 2)
+    first, second = gpu.seat(0), gpu.seat(1)
+    first.price("prefill", 0.0, 1.0)
+    assert second.price("decode", 0.0, 0.002) == pytest.approx(0.007)
+
+
+def test_the_affine_fit_recovers_stretch_and_fixed_time_and_keeps_the_sums() -> None:
+    """Replica 1's decode steps of growing batches each run wholly beside a long prefill chunk
+    of replica 0, taking 1.6 * w + 3 ms: the affine fit reads back 1.6 and 3 ms, the ratio fit
+    one factor that prices the group's summed time exactly and the smallest step low."""
+    config = build_config(None, model="qwen3-0.6b", profile=str(PROFILE), overlap=True)
+    gpu, _ = build_costs(config)
+    shapes = [StepShape.decode(b, b * 4096, 4096) for b in range(1, 61)]
+    alone = np.array([gpu.device_time(shape) for shape in shapes])
+    device = 1.6 * alone + 0.003
+    ends = np.cumsum(device + 1e-4)
+    decode = step_rows(ends - device, device, shapes)
+    chunk = StepShape(8192, 0, 8192, 0, 0, 8192 * 8193 // 2, 1)
+    prefill = step_rows(np.array([0.0]), np.array([ends[-1] + 1.0]), [chunk])
+    affine = fit_colocation([[prefill, decode]], gpu, "test")
+    assert affine.stretch["decode", "prefill"] == pytest.approx(1.6, rel=1e-6)
+    assert affine.fixed["decode", "prefill"] == pytest.approx(0.003, rel=1e-6)
+    ratio = fit_colocation([[prefill, decode]], gpu, "test", form="ratio")
+    assert ratio.fixed["decode", "prefill"] == 0.0
+    factor = ratio.stretch["decode", "prefill"]
+    assert factor * alone.sum() == pytest.approx(device.sum(), rel=1e-9)
+    assert factor * alone[0] < 0.8 * device[0]
+    with pytest.raises(ValueError, match="unknown co-location form"):
+        fit_colocation([[prefill, decode]], gpu, "test", form="cubic")
+
+
+def step_rows(starts: np.ndarray, device: np.ndarray, shapes: list[StepShape]) -> pd.DataFrame:
+    """A step record of steps on the GPU over [start, start + device), launched as enqueued."""
+    rows = []
+    for i, (start, dev, shape) in enumerate(zip(starts, device, shapes, strict=True)):
+        times = {"schedule_start": start, "schedule_end": start, "enqueued": start,
+                 "launched": start, "done": start + dev}  # fmt: skip
+        counts = {"in_flight": 0, "num_waiting": 0, "num_running": shape.decode_requests,
+                  "prefill_requests": int(shape.prefill_tokens > 0)}  # fmt: skip
+        rows.append({"step": i + 1, **times, "device_ms": dev * 1e3, **counts, **asdict(shape)})
+    return pd.DataFrame(rows)
 
 
 def test_validate_again_with_the_table_reproduces_a_shared_gpu_run(tmp_path: Path) -> None:

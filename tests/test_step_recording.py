@@ -87,6 +87,8 @@ def test_rows_read_back_as_written(tmp_path: Path) -> None:
     # the bench writes it again through Arrow (quoted header): the same frame comes back
     write_csv(steps, tmp_path / "again.csv")
     pd.testing.assert_frame_equal(read_step_record(tmp_path / "again.csv"), steps)
+    steps.to_csv(tmp_path / "again.csv.gz", index=False)  # as the reports keep records
+    pd.testing.assert_frame_equal(read_step_record(tmp_path / "again.csv.gz"), steps)
 
 
 def test_a_record_from_before_enqueued_reads_with_it_empty(tmp_path: Path) -> None:

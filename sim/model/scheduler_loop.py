@@ -260,12 +260,14 @@ class SimSchedulerLoop:
         device: np.ndarray | None  # the steps' device times, where the loop priced them
         before_launch: float | np.ndarray  # each iteration's CPU time before its launch
         seat = self.seat
+        if seat is not None or prev is not None:  # the steps' device times alone
+            alone = self.gpu.decode_device_times(batch, context + batch, longest + 1, k)
         if seat is not None:  # on a shared GPU: stretched, and the first step pays the debt
-            stretch, until, beside = seat.stretch("decode", now if prev is None else prev.end)
+            at = now if prev is None else prev.end
+            stretch, until, beside = seat.stretch("decode", at, float(alone[0]))
             debt = 0.0  # of the run's first step, run first (Seat.pay)
         if prev is None:  # strict: step j runs [start, start + cpu + gpu]; tokens at its end
             if seat is not None:
-                alone = self.gpu.decode_device_times(batch, context + batch, longest + 1, k)
                 wall = wall + alone * (stretch - 1.0)
                 paid, debt = seat.pay(alone[0] * stretch)
                 wall[0] += paid - alone[0] * stretch
@@ -278,7 +280,7 @@ class SimSchedulerLoop:
             ends = token_times = clock[1:]
             device = None
         else:  # overlap: GPU starts s_j = max(s_{j-1} + cpu_j, s_{j-1} + gpu_{j-1})
-            gpu = durations = self.gpu.decode_device_times(batch, context + batch, longest + 1, k)
+            gpu = durations = alone
             cpu = before_launch = schedule + np.maximum(wall - gpu, 0.0)
             if seat is not None:
                 gpu = durations = gpu * stretch
@@ -298,7 +300,8 @@ class SimSchedulerLoop:
             j = min(j, max(1, int(starts.searchsorted(until, side="left"))))
             run_ends = starts[:j] + gpu[:j]
             pieces = (*debt_first(float(starts[0]), debt), Piece(math.inf, beside))
-            seat.occupy("decode", float(starts[0]), float(run_ends[-1]), pieces, run_ends)
+            work = float(alone[0])
+            seat.occupy("decode", work, float(starts[0]), float(run_ends[-1]), pieces, run_ends)
         stats = s.stats()
         waited = False
         if self.interruptible:

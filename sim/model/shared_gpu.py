@@ -1,9 +1,9 @@
 """Replicas of a simulated cluster that share one GPU (``sim replay --colocation FILE``).
 
 Each replica's loop prices its steps alone (the profile), then asks its
-``Seat`` how much the other replicas' steps stretch a step of its kind that
-starts at ``start`` (``sim.costs.colocation``: the table over this step's and
-the others' kinds). The GPU keeps each replica's last few steps (``KEPT``: with
+``Seat`` how much the other replicas' steps stretch a step of its kind and
+time alone that starts at ``start`` (``sim.costs.colocation``: the table over
+this step's and the others' kinds). The GPU keeps each replica's last few steps (``KEPT``: with
 overlap one runs while the next is queued behind it), each with its kind, its
 interval and what it was priced beside. A replica with a step running at
 ``start`` runs beside the new step; one without is idle then.
@@ -20,13 +20,14 @@ piece of another's step that was priced beside something else (an idle
 replica, or a step of another kind), or going idle under pieces priced beside
 its steps, charges that replica the difference over their overlap::
 
-    debt += overlap * (stretch[kind, new kind] / stretch[kind, kind priced beside] - 1)
+    debt += overlap * (factor[kind, new kind] / factor[kind, kind priced beside] - 1)
 
 (the work done in the overlap at the stretch it was priced at, done at the new one;
-beside an idle replica the stretch is 1), paid on the charged replica's next
-step (its device time grows by the debt, run first; a credit shrinks it, to no
-less than ``MIN_SHARE``). So both steps of a pair are stretched for the time
-they share, the later one at its launch, the earlier one a step late.
+each factor the table's for that step's time alone; beside an idle replica, 1),
+paid on the charged replica's next step (its device time grows by the debt, run
+first; a credit shrinks it, to no less than ``MIN_SHARE``). So both steps of a
+pair are stretched for the time they share, the later one at its launch, the
+earlier one a step late.
 
 Decode runs, priced ahead at one stretch, hold while what they were priced
 beside holds: a run ends where another replica's known step starts or ends (the
@@ -68,6 +69,7 @@ class OnGpu:
     steps it was priced beside."""
 
     kind: str  # decode or prefill
+    work: float  # its device time alone (a decode run's: its first step's), seconds
     start: float  # on the GPU, seconds
     end: float
     pieces: tuple[Piece, ...]  # in time order; the last one holds to the step's end
@@ -92,7 +94,8 @@ class OnGpu:
         if self.ends is None or t >= self.end:
             return self
         i = min(int(self.ends.searchsorted(t, side="right")), len(self.ends) - 1)
-        return OnGpu(self.kind, self.start, float(self.ends[i]), self.pieces, self.ends[: i + 1])
+        end = float(self.ends[i])
+        return OnGpu(self.kind, self.work, self.start, end, self.pieces, self.ends[: i + 1])
 
 
 def credited(stretched: float, credit: float) -> float:
@@ -129,13 +132,13 @@ class Seat:
         self.gpu = gpu
         self.replica = replica
 
-    def stretch(self, kind: str, start: float) -> tuple[float, float, dict[int, str]]:
-        """The stretch of a ``kind`` step starting at ``start`` (a decode run's), until when
-        it holds (the next start or end of another replica's known step; inf: none), and
-        what it runs beside (``beside_at``)."""
+    def stretch(self, kind: str, start: float, work: float) -> tuple[float, float, dict[int, str]]:
+        """The stretch of a ``kind`` step that takes ``work`` alone starting at ``start`` (a
+        decode run's), until when it holds (the next start or end of another replica's known
+        step; inf: none), and what it runs beside (``beside_at``)."""
         beside = self.beside_at(start)
         until = min((e for e in self._edges() if e > start), default=math.inf)
-        return self.gpu.colocation.of(kind, list(beside.values())), until, beside
+        return self.gpu.colocation.of(kind, list(beside.values()), work), until, beside
 
     def _edges(self) -> list[float]:
         """Where the other replicas' known steps start and end."""
@@ -186,7 +189,7 @@ class Seat:
         edges = sorted({e for e in self._edges() if e > t})
         for edge in [*edges, math.inf]:
             beside = self.beside_at(t)
-            factor = self.gpu.colocation.of(kind, list(beside.values()))
+            factor = self.gpu.colocation.of(kind, list(beside.values()), device)
             pieces.append(Piece(edge, beside))
             if work * factor <= edge - t:
                 t += work * factor
@@ -194,24 +197,25 @@ class Seat:
             work -= (edge - t) / factor
             t = edge
         stretched = t - start if debt >= 0 else credited(t - start, debt)
-        self.occupy(kind, start, start + stretched, tuple(pieces))
+        self.occupy(kind, device, start, start + stretched, tuple(pieces))
         return stretched
 
     def occupy(
         self,
         kind: str,
+        work: float,
         start: float,
         end: float,
         pieces: tuple[Piece, ...],
         ends: np.ndarray | None = None,
     ) -> None:
-        """This replica runs a ``kind`` step (a decode run: steps ending at ``ends``) over
-        [start, end), priced over ``pieces``; the others' steps it overlaps are settled
-        (module docstring)."""
+        """This replica runs a ``kind`` step that takes ``work`` alone (a decode run: steps
+        ending at ``ends``, ``work`` its first's) over [start, end), priced over ``pieces``;
+        the others' steps it overlaps are settled (module docstring)."""
         self.settle(start, end, kind)
         self.gpu.idle[self.replica] = False
         mine = self.gpu.steps[self.replica]
-        mine.append(OnGpu(kind, start, end, pieces, ends))
+        mine.append(OnGpu(kind, work, start, end, pieces, ends))
         del mine[:-KEPT]
 
     def rest(self, t: float) -> None:
@@ -225,7 +229,7 @@ class Seat:
         replica's ``kind`` (None: idle) run up the difference as debt; a decode run so
         affected is cut after its running step."""
         gpu, me = self.gpu, self.replica
-        table = gpu.colocation.stretch
+        factor = gpu.colocation.factor
         for j, steps in enumerate(gpu.steps):
             if j == me:
                 continue
@@ -237,9 +241,9 @@ class Seat:
                     step = steps[i] = step.cut(start)
                     gpu.cuts[j]()
                     parts = [p for p in step.priced(me, start, end) if p[1] != kind]
-                now = 1.0 if kind is None else table[step.kind, kind]
+                now = 1.0 if kind is None else factor(step.kind, kind, step.work)
                 for overlap, priced in parts:
-                    was = 1.0 if priced is None else table[step.kind, priced]
+                    was = 1.0 if priced is None else factor(step.kind, priced, step.work)
                     gpu.debt[j] += overlap * (now / was - 1.0)
 
     def trim(self, end: float) -> None:
