@@ -78,6 +78,10 @@ class SimConfig:
     # the replicas share one frontend and tokenizer pool, as ``engine serve --dp N`` runs
     # them (else each has its own, as N servers behind ``engine router``)
     shared_frontend: bool = False
+    # the frontend's one event loop also streams every token, as the engine's does: a
+    # request's intake waits behind the chunks streamed before it (sim.model.frontend;
+    # off: two separate queues, the model before)
+    frontend_loop: bool = True
 
     def __post_init__(self) -> None:
         model_shape(self.model)

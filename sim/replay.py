@@ -131,7 +131,8 @@ def run_replay(
     tables whatever ``tables.flush_steps``.
 
     ``config.replicas`` > 1 runs the cluster (``sim.model.cluster``); ``cluster=True`` runs
-    it for one replica too (the tests compare it with the single pipeline).
+    it for one replica too (the tests compare it with the single pipeline), as does
+    ``config.frontend_loop`` (but with ``stages``, which replace the intake).
     ``record_steps`` keeps the step record (``engine_steps``, ``sim.model.step_record``);
     ``costs`` replaces the config's cost models (a validation's recorded steps,
     ``sim.costs.recorded``), ``stages`` the modelled stages around the scheduler of the
@@ -140,6 +141,8 @@ def run_replay(
     gpu, cpu = build_costs(config) if costs is None else costs
     sched_config = config.scheduler_config()
     as_cluster = config.replicas > 1 if cluster is None else cluster
+    if cluster is None and config.frontend_loop and stages is None:
+        as_cluster = True  # one server whose frontend loop streams: its intake is timed in the run
     schedulers: list[Any] = [Scheduler(sched_config) for _ in range(config.replicas)]
     if record_calls:
         schedulers = [RecordingScheduler(s) for s in schedulers]
@@ -182,6 +185,7 @@ def run_replay(
             progress=bar,
             colocation=colocation,
             shared_frontend=config.shared_frontend,
+            frontend_loop=config.frontend_loop,
         )
         replicas: list[Replica] = list(sim.replicas)
         request_table.attach(sim.records, sim.replica_of)

@@ -60,6 +60,13 @@ def _replay_args(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> No
         "them (default: each its own, as N servers behind engine router)",
     )
     p.add_argument(
+        "--frontend-loop",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="the frontend's one event loop also streams the tokens: a request's intake waits "
+        "behind the chunks streamed before it (default: on; off: two separate queues)",
+    )
+    p.add_argument(
         "--overlap",
         action=argparse.BooleanOptionalAction,
         default=None,

@@ -26,6 +26,10 @@ SimPy environment::
   decode run after the step running then (the same cut as a known arrival).
 - Replicas that share one GPU (``colocation`` given: ``sim.model.shared_gpu``)
   stretch each other's steps by the co-location table.
+- With ``frontend_loop`` a frontend's event loop also streams its replicas' tokens
+  (``FrontQueue.stream``): each replica gives it the steps it prices, a decode run
+  cut short its steps that do not run. One server with the loop runs as a cluster of
+  one (its intake is timed during the run).
 """
 
 from __future__ import annotations
@@ -41,7 +45,7 @@ import simpy
 from core.router import Router, RouteRequest
 from sim.costs.base import CpuCosts, GpuCostModel
 from sim.costs.colocation import Colocation
-from sim.model.frontend import FrontQueue, queue_samples
+from sim.model.frontend import FrontQueue, Streamed, queue_samples
 from sim.model.pipeline import delay_to
 from sim.model.replica import Progress, Replica, RequestRecords
 from sim.model.scheduler_loop import LoopSettings
@@ -86,6 +90,9 @@ class ClusterReplica(Replica):
         self.on_way += 1
         reach = self.env.timeout(delay_to(now, sched))
         reach.callbacks.append(lambda _: self._reach(i))
+
+    def stream_tokens(self, leave: np.ndarray, chunks: int) -> Streamed | None:
+        return self.front.stream(leave, chunks)
 
     def _reach(self, i: int) -> None:
         now = self.env.now
@@ -140,6 +147,7 @@ class Cluster:
         progress: Progress | None = None,
         colocation: Colocation | None = None,
         shared_frontend: bool = False,
+        frontend_loop: bool = False,
     ) -> None:
         self.env = simpy.Environment()
         self.records = records
@@ -147,7 +155,7 @@ class Cluster:
         self.routing_done = False
         self.replica_of = array("q", [-1]) * len(records.trace)
         gpu, cpu = costs
-        shared = FrontQueue(cpu, num_tokenizers) if shared_frontend else None
+        shared = FrontQueue(cpu, num_tokenizers, frontend_loop) if shared_frontend else None
         self.replicas = [
             ClusterReplica(
                 self,
@@ -155,7 +163,7 @@ class Cluster:
                 s,
                 gpu,
                 cpu,
-                front=shared or FrontQueue(cpu, num_tokenizers),
+                front=shared or FrontQueue(cpu, num_tokenizers, frontend_loop),
                 reports_front=shared is None or k == 0,
                 loop=loop,
                 progress=progress,

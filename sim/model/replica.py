@@ -41,6 +41,7 @@ from schema.tables import MemoryTable, TableWriter
 from schema.traces.record import TraceRequest
 from sim.costs.base import CpuCosts, GpuCostModel
 from sim.model.delivery import RequestTotals, TokenDelivery
+from sim.model.frontend import Streamed
 from sim.model.recorded_stages import RecordedStages
 from sim.model.scheduler_loop import LoopSettings, SimSchedulerLoop
 
@@ -244,6 +245,7 @@ class Replica:
                 self.preemptions[i] += 1
         if members:
             self.delivery.step(end, members)
+            self.stream_tokens(np.array([end]), len(members))
             for i in finished:
                 self.finish_step[i] = g
         else:
@@ -276,6 +278,11 @@ class Replica:
         self.delivery.run(leave, [index[rid] for rid in rids])
         if self.delivery.pending >= self.flush_steps:
             self.deliver()
+
+    def stream_tokens(self, leave: np.ndarray, chunks: int) -> Streamed | None:
+        """Steps whose tokens (``chunks`` each) leave the engine at ``leave``, for a frontend
+        whose loop streams them (``sim.model.frontend``; None: none here)."""
+        return None
 
     def sample_scheduler_queue(self, now: float) -> None:
         waiting = self.sched.num_waiting + len(self._inbox)

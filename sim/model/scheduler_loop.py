@@ -55,6 +55,7 @@ from sim.costs.base import CpuCosts, GpuCostModel
 from sim.costs.colocation import kind_of
 from sim.costs.copies import CopyCosts
 from sim.costs.reach import Reach
+from sim.model.frontend import Streamed
 from sim.model.shared_gpu import Piece, Seat, debt_first
 from sim.model.step_record import StepRecordLog
 
@@ -87,6 +88,7 @@ class LoopHost(Protocol):
     ) -> None: ...
     def handle_events(self, plan: Plan, events: list[Any], end: float) -> None: ...
     def tokens_of_run(self, rids: tuple[str, ...], leave: np.ndarray) -> None: ...
+    def stream_tokens(self, leave: np.ndarray, chunks: int) -> Streamed | None: ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -302,11 +304,14 @@ class SimSchedulerLoop:
             pieces = (*debt_first(float(starts[0]), debt), Piece(math.inf, beside))
             work = float(alone[0])
             seat.occupy("decode", work, float(starts[0]), float(run_ends[-1]), pieces, run_ends)
+        streamed = p.stream_tokens(token_times[:j], batch)  # to a frontend that streams them
         stats = s.stats()
         waited = False
         if self.interruptible:
             j = yield from self._wait_run(begins, ends, j)
             waited = True
+            if streamed is not None:
+                streamed.cut(j)
             if seat is not None:
                 seat.trim(float(starts[j - 1] + gpu[j - 1]))
         run = s.advance_decode(j)
