@@ -3,6 +3,7 @@ sim.model.frontend)."""
 
 from __future__ import annotations
 
+import gc
 from dataclasses import replace
 from pathlib import Path
 
@@ -76,5 +77,7 @@ def test_the_flag_reaches_the_config(tmp_path: Path, flag: list[str], value: str
     out = tmp_path / "out"
     args = ["replay", str(MOONCAKE), "--limit", "20", "--model", "qwen3-0.6b", *flag,
             "--out", str(out), "--no-report", "--no-progress"]  # fmt: skip
+    frozen = gc.get_freeze_count()
     assert main(args) == 0
     assert f'"frontend_loop": {value}' in (out / "summary.json").read_text()
+    assert gc.get_freeze_count() == frozen  # the collector as it was, in this process

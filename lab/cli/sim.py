@@ -14,7 +14,7 @@ from lab.memory import keep_mmap_threshold
 from lab.sweep.cli import add_capacity_args, add_sweep_args, cmd_capacity, cmd_sweep
 from lab.validate.command import add_validate_args
 from schema.tables import STEP_FORMATS, CsvTable, MemoryTable, TableWriter, table_writer
-from schema.traces import TraceError, generate, load_trace
+from schema.traces import Trace, TraceError, generate, load_trace
 from sim.config import CONFIG_KEYS, SimConfig, build_config
 from sim.costs import COST_MODELS, ProfileError, read_profile
 from sim.costs.reach import reach_warning
@@ -212,13 +212,22 @@ def replay_tables(args: argparse.Namespace, config: SimConfig) -> ReplayTables:
 
 
 def cmd_replay(args: argparse.Namespace) -> int:
+    config = replay_config(args)
+    trace = load_trace(args.trace, rate_scale=args.rate_scale, limit=args.limit)
+    if gc.get_freeze_count():  # frozen by the caller: leave its collector as it is
+        return _replay(args, config, trace)
+    gc.freeze()  # the trace lives to the end: no collection needs to walk its millions of objects
+    try:
+        return _replay(args, config, trace)
+    finally:
+        gc.unfreeze()  # as it was, for a caller in the same process
+
+
+def _replay(args: argparse.Namespace, config: SimConfig, trace: Trace) -> int:
     from lab.outputs import write_outputs, write_step_record
     from schema.perfetto import TIMELINE_NAME, write_timeline
     from sim.replay import run_replay
 
-    config = replay_config(args)
-    trace = load_trace(args.trace, rate_scale=args.rate_scale, limit=args.limit)
-    gc.freeze()  # the trace lives to the end: no collection needs to walk its millions of objects
     tables = replay_tables(args, config)
     result = run_replay(
         trace, config, progress=not args.no_progress, tables=tables, record_steps=args.record_steps

@@ -11,9 +11,11 @@ strict or overlapped, fast-forwarding runs of identical decode steps. What the
 loop records is ``sim.model.replica.Replica``'s; a ``Pipeline`` is the one
 replica of a single server (``sim.model.cluster`` runs several behind a router).
 
-The stages before the scheduler push nothing back, so ``sim.model.frontend`` times
-them for every request before the run and one arrival process feeds the
-scheduler. Token times: a step's tokens leave the engine when its plan is
+The stages before the scheduler push nothing back (with the frontend's intake and
+streaming in separate queues: ``frontend_loop`` off, or recorded stages; with the
+loop, one server runs as a cluster of one, ``sim.model.cluster``), so
+``sim.model.frontend`` times them for every request before the run and one arrival
+process feeds the scheduler. Token times: a step's tokens leave the engine when its plan is
 completed, travel to the detokenizer (an exact FIFO queue), go one IPC hop to
 the frontend and through its SSE streaming (another FIFO queue, ``stream`` cost
 per token); that client time is what TTFT, ITL and E2E use. The loop records
