@@ -4,14 +4,14 @@
 
 The engine's frontend is one asyncio event loop: it parses each request (the
 profile's ``frontend`` cost) and writes every token's SSE chunk of every open
-stream (``stream`` per chunk). The simulator serves the two in separate FIFO
-queues, so its intake never waits behind streaming. This serves both in one
-FIFO, in time order: each request's intake at its arrival (``requests.csv``)
-and each step's chunks, one per request it served (``batch_size``), when the
-step ends (``steps.csv``: ``time + duration_s``; the detokenizer's hop before
-the frontend left out). It prints the intake's time (wait and parse) at P50,
-P90 and P99 beside the run's measured ``frontend_ms`` and beside the profile's
-intake alone, and the share of the loop that streaming takes.
+stream (``stream`` per chunk). This serves a run's own arrivals
+(``requests.csv``) and steps (``steps.csv``: each step's chunks, one per request
+it served, ``batch_size``, leaving the engine when it ends, ``time +
+duration_s``) through the simulator's frontend with the loop
+(``sim.model.frontend.FrontQueue``, ``frontend_loop``), and prints the intake's
+time (wait and parse) at P50, P90 and P99 beside the run's measured
+``frontend_ms`` and beside the profile's intake alone (the simulator without
+the loop: two separate queues), and the share of the loop that streaming takes.
 """
 
 from __future__ import annotations
@@ -23,32 +23,25 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from sim.costs.base import CpuCosts
 from sim.costs.profile import ProfileError, cpu_costs_from, read_profile
+from sim.model.frontend import FrontQueue
 
 QUANTILES = (50, 90, 99)
 
 
 def shared_loop_intake(
-    arrivals: np.ndarray,
-    frontend_s: float,
-    chunk_times: np.ndarray,
-    chunks: np.ndarray,
-    stream_s: float,
+    arrivals: np.ndarray, step_ends: np.ndarray, chunks: np.ndarray, cpu: CpuCosts
 ) -> np.ndarray:
-    """Per request (in the order of ``arrivals``): seconds from its arrival until the loop
-    has parsed it, the loop serving intakes (``frontend_s`` each) and each time's ``chunks``
-    (``stream_s`` each) first come, first served; at equal times the chunks go first."""
-    jobs = sorted(
-        [(float(t), 0, float(n) * stream_s, -1) for t, n in zip(chunk_times, chunks, strict=True)]
-        + [(float(t), 1, frontend_s, i) for i, t in enumerate(arrivals)]
-    )
-    done = np.empty(len(arrivals))
-    free = -np.inf
-    for t, _, cost, i in jobs:
-        free = max(t, free) + cost
-        if i >= 0:
-            done[i] = free - t
-    return done
+    """Per request (in the order of ``arrivals``): seconds from its arrival until the
+    frontend's loop, streaming each step's ``chunks`` (given as they end), has parsed it."""
+    front = FrontQueue(cpu, 1, loop=True)
+    for end, n in sorted(zip(step_ends.tolist(), chunks.tolist(), strict=True)):
+        front.stream((end,), int(n))
+    intake = np.empty(len(arrivals))
+    for i in np.argsort(arrivals, kind="stable"):
+        intake[i] = front.enter(float(arrivals[i]), 0)[0] - arrivals[i]
+    return intake
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -65,9 +58,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     ends = (steps["time"] + steps["duration_s"]).to_numpy(np.float64)
     chunks = steps["batch_size"].to_numpy(np.float64)
-    intake = shared_loop_intake(
-        requests["arrival"].to_numpy(np.float64), cpu.frontend, ends, chunks, cpu.stream
-    )
+    intake = shared_loop_intake(requests["arrival"].to_numpy(np.float64), ends, chunks, cpu)
     span = float(ends.max() - ends.min()) if len(ends) > 1 else float("nan")
     print(f"{len(requests)} requests, {int(chunks.sum())} chunks over {span:.1f} s: streaming "
           f"takes {chunks.sum() * cpu.stream / span:.1%} of the loop")  # fmt: skip

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -15,6 +16,9 @@ sys.path.insert(0, str(ROOT / "scripts"))
 
 from frontend_shared_loop import shared_loop_intake  # noqa: E402
 
+from sim.config import build_config  # noqa: E402
+from sim.replay import build_costs  # noqa: E402
+
 PROFILE = ROOT / "reports" / "cluster" / "h200_shared_gpu" / "edge50" / "host_cpu.csv"
 
 
@@ -22,11 +26,13 @@ def test_an_intake_waits_for_the_chunks_before_it_and_not_for_those_after() -> N
     """Ten chunks of 1 ms at t=0 hold the loop until 10 ms: a request arriving at 1 ms is
     parsed (2 ms) at 12 ms, 11 ms after it came; the chunks at 20 ms come after a request
     arriving at 15 ms, which waits for nothing; two requests at once queue one behind the
-    other."""
+    other (no hops, no detokenizer: the chunks reach the loop as the steps end)."""
+    config = build_config(None, model="qwen3-0.6b")
+    cpu = replace(build_costs(config)[1], frontend=0.002, stream=0.001, ipc=0.0, detokenize=0.0)
     arrivals = np.array([0.001, 0.015, 0.030, 0.030])
-    intake = shared_loop_intake(arrivals, 0.002, np.array([0.0, 0.020]), np.array([10, 5]), 0.001)
+    intake = shared_loop_intake(arrivals, np.array([0.020, 0.0]), np.array([5, 10]), cpu)
     assert intake == pytest.approx([0.011, 0.002, 0.002, 0.004])
-    alone = shared_loop_intake(arrivals, 0.002, np.array([]), np.array([]), 0.001)
+    alone = shared_loop_intake(arrivals, np.array([]), np.array([]), cpu)
     assert alone == pytest.approx([0.002, 0.002, 0.002, 0.004])
 
 

@@ -45,7 +45,7 @@ import simpy
 from core.router import Router, RouteRequest
 from sim.costs.base import CpuCosts, GpuCostModel
 from sim.costs.colocation import Colocation
-from sim.model.frontend import FrontQueue, Streamed, queue_samples
+from sim.model.frontend import FrontQueue, Leave, Streamed, queue_samples
 from sim.model.pipeline import delay_to
 from sim.model.replica import Progress, Replica, RequestRecords
 from sim.model.scheduler_loop import LoopSettings
@@ -91,7 +91,7 @@ class ClusterReplica(Replica):
         reach = self.env.timeout(delay_to(now, sched))
         reach.callbacks.append(lambda _: self._reach(i))
 
-    def stream_tokens(self, leave: np.ndarray, chunks: int) -> Streamed | None:
+    def stream_tokens(self, leave: Leave, chunks: int) -> Streamed | None:
         return self.front.stream(leave, chunks)
 
     def _reach(self, i: int) -> None:

@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import heapq
 from array import array
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -59,16 +60,26 @@ class FrontTimes:
         return queue_samples(self.frontend_waits if stage == "frontend" else self.tokenizer_waits)
 
 
+Leave = Sequence[float] | np.ndarray
+"""Times at which steps' tokens leave the engine, in time order."""
+
+
 class Streamed:
-    """Steps whose tokens the frontend's loop streams: when each reaches the loop, what it
-    costs the loop, and how many of them run (a decode run cut short runs fewer)."""
+    """Steps whose tokens the frontend's loop streams: when each leaves the engine, how long
+    its tokens take from there to the loop, what they cost the loop, and how many of the
+    steps run (a decode run cut short runs fewer)."""
 
-    __slots__ = ("at", "cost", "runs")
+    __slots__ = ("cost", "delay", "leave", "runs")
 
-    def __init__(self, at: np.ndarray, cost: float) -> None:
-        self.at = at
+    def __init__(self, leave: Leave, delay: float, cost: float) -> None:
+        self.leave = leave
+        self.delay = delay
         self.cost = cost
-        self.runs = len(at)
+        self.runs = len(leave)
+
+    def at(self, k: int) -> float:
+        """When step ``k``'s tokens reach the loop."""
+        return float(self.leave[k]) + self.delay
 
     def cut(self, runs: int) -> None:
         """Only the first ``runs`` steps run."""
@@ -92,28 +103,34 @@ class FrontQueue:
         self._streams: list[tuple[float, int, Streamed, int]] = []  # (at, order, steps, step)
         self._order = 0
 
-    def stream(self, leave: np.ndarray, chunks: int) -> Streamed | None:
-        """Steps whose tokens leave the engine at ``leave``, ``chunks`` each: with ``loop``,
-        the loop streams them (None without: nothing to cut)."""
+    def stream(self, leave: Leave, chunks: int) -> Streamed | None:
+        """Steps whose tokens leave the engine at ``leave`` (in time order), ``chunks`` each:
+        with ``loop``, the loop streams them (None without: nothing to cut)."""
         if not self.loop or not len(leave):
             return None
-        steps = Streamed(
-            leave + (2 * self.ipc + self.detokenize * chunks), chunks * self.stream_cost
-        )
-        heapq.heappush(self._streams, (float(steps.at[0]), self._order, steps, 0))
+        delay = 2 * self.ipc + self.detokenize * chunks
+        steps = Streamed(leave, delay, chunks * self.stream_cost)
+        heapq.heappush(self._streams, (steps.at(0), self._order, steps, 0))
         self._order += 1
         return steps
 
     def _serve_streams(self, now: float) -> None:
-        """The loop streams the steps that reached it by ``now``, in time order."""
+        """The loop streams the steps that reached it by ``now``, in time order: a run's steps
+        one after another up to the first step of another run's (or ``now``)."""
         heap = self._streams
         while heap and heap[0][0] <= now:
-            at, order, steps, k = heapq.heappop(heap)
-            if k >= steps.runs:
-                continue
-            self.loop_free = max(self.loop_free, at) + steps.cost
-            if k + 1 < steps.runs:
-                heapq.heappush(heap, (float(steps.at[k + 1]), order, steps, k + 1))
+            _, order, steps, k = heapq.heappop(heap)
+            until = min(now, heap[0][0]) if heap else now
+            free, cost = self.loop_free, steps.cost
+            while k < steps.runs:
+                at = steps.at(k)
+                if at > until:
+                    break
+                free = max(free, at) + cost
+                k += 1
+            self.loop_free = free
+            if k < steps.runs:
+                heapq.heappush(heap, (steps.at(k), order, steps, k))
 
     def enter(self, now: float, input_length: int) -> tuple[float, float, float, float, float]:
         """A request arriving at ``now``: (parsed, tokenizer_enter, tokenize_start, tokenized,

@@ -41,7 +41,7 @@ from schema.tables import MemoryTable, TableWriter
 from schema.traces.record import TraceRequest
 from sim.costs.base import CpuCosts, GpuCostModel
 from sim.model.delivery import RequestTotals, TokenDelivery
-from sim.model.frontend import Streamed
+from sim.model.frontend import Leave, Streamed
 from sim.model.recorded_stages import RecordedStages
 from sim.model.scheduler_loop import LoopSettings, SimSchedulerLoop
 
@@ -245,7 +245,7 @@ class Replica:
                 self.preemptions[i] += 1
         if members:
             self.delivery.step(end, members)
-            self.stream_tokens(np.array([end]), len(members))
+            self.stream_tokens((end,), len(members))
             for i in finished:
                 self.finish_step[i] = g
         else:
@@ -279,7 +279,7 @@ class Replica:
         if self.delivery.pending >= self.flush_steps:
             self.deliver()
 
-    def stream_tokens(self, leave: np.ndarray, chunks: int) -> Streamed | None:
+    def stream_tokens(self, leave: Leave, chunks: int) -> Streamed | None:
         """Steps whose tokens (``chunks`` each) leave the engine at ``leave``, for a frontend
         whose loop streams them (``sim.model.frontend``; None: none here)."""
         return None

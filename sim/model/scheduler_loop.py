@@ -55,7 +55,7 @@ from sim.costs.base import CpuCosts, GpuCostModel
 from sim.costs.colocation import kind_of
 from sim.costs.copies import CopyCosts
 from sim.costs.reach import Reach
-from sim.model.frontend import Streamed
+from sim.model.frontend import Leave, Streamed
 from sim.model.shared_gpu import Piece, Seat, debt_first
 from sim.model.step_record import StepRecordLog
 
@@ -88,7 +88,7 @@ class LoopHost(Protocol):
     ) -> None: ...
     def handle_events(self, plan: Plan, events: list[Any], end: float) -> None: ...
     def tokens_of_run(self, rids: tuple[str, ...], leave: np.ndarray) -> None: ...
-    def stream_tokens(self, leave: np.ndarray, chunks: int) -> Streamed | None: ...
+    def stream_tokens(self, leave: Leave, chunks: int) -> Streamed | None: ...
 
 
 @dataclass(frozen=True, slots=True)
