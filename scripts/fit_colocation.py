@@ -10,6 +10,13 @@ STEPS.csv`` (one file per replica, or one file with a ``replica`` column as
 measured alone on that GPU. ``--run`` adds the records of another run (at another
 load: the table is fitted to all runs' steps together). The table (``sim.costs.colocation``) is what
 ``sim replay --colocation FILE`` and ``sim validate --colocation FILE`` read.
+
+``--check TABLE`` instead prices the recorded steps with a table and prints, per pair of
+kinds, the recorded and the priced device time: the table's own error on the plans that
+ran, apart from what a simulation of the run adds (other plans, other neighbours)::
+
+    python scripts/fit_colocation.py STEPS.replica0.csv STEPS.replica1.csv \\
+        --check colocation.csv --profile PROFILE.csv --model qwen3-0.6b
 """
 
 from __future__ import annotations
@@ -22,7 +29,7 @@ import pandas as pd
 
 from schema.steprecord import REPLICA_COLUMN, read_step_record
 from sim.config import build_config
-from sim.costs.colocation import FORMS, fit_colocation
+from sim.costs.colocation import FORMS, check_colocation, fit_colocation, read_colocation
 from sim.replay import build_costs
 
 
@@ -38,6 +45,17 @@ def replica_records(paths: list[Path]) -> list[pd.DataFrame]:
     return out
 
 
+def check(pairs: dict[tuple[str, str], tuple[int, float, float]]) -> None:
+    """Print a table's price of recorded steps against their recorded device time."""
+    print(f"{'step':<9}{'beside':<9}{'steps':>8}{'recorded s':>12}{'table s':>10}{'error':>9}")
+    for (kind, other), (steps, recorded, priced) in pairs.items():
+        error = f"{(priced / recorded - 1) * 100:+.1f}%" if recorded > 0 else "-"
+        print(f"{kind:<9}{other:<9}{steps:>8}{recorded:>12.2f}{priced:>10.2f}{error:>9}")
+    recorded, priced = (sum(v[i] for v in pairs.values()) for i in (1, 2))
+    print(f"{'all':<18}{sum(v[0] for v in pairs.values()):>8}{recorded:>12.2f}{priced:>10.2f}"
+          f"{(priced / recorded - 1) * 100:>+8.1f}%")  # fmt: skip
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("records", type=Path, nargs="+", help="the replicas' step records")
@@ -47,16 +65,20 @@ def main(argv: list[str] | None = None) -> int:
                    help="per pair of kinds a stretch and a fixed time, or a stretch")  # fmt: skip
     p.add_argument("--profile", required=True, help="the model's profile, measured alone")
     p.add_argument("--model", help="the model preset (default: the simulator's default)")
-    p.add_argument("--out", type=Path, required=True, help="the table's CSV")
+    out = p.add_mutually_exclusive_group(required=True)
+    out.add_argument("--out", type=Path, help="the table's CSV")
+    out.add_argument("--check", type=Path, help="price the recorded steps with this table")
     args = p.parse_args(argv)
     try:
         config = build_config(None, model=args.model, profile=args.profile, overlap=True)
         gpu, _ = build_costs(config)
         runs = [args.records, *args.run]
+        records = [replica_records(run) for run in runs]
+        if args.check:
+            check(check_colocation(read_colocation(args.check), records, gpu))
+            return 0
         names = "; ".join(", ".join(str(path) for path in run) for run in runs)
-        table = fit_colocation(
-            [replica_records(run) for run in runs], gpu, f"fitted to {names}", args.form
-        )
+        table = fit_colocation(records, gpu, f"fitted to {names}", args.form)
     except ValueError as exc:
         print(f"fit_colocation: error: {exc}", file=sys.stderr)
         return 2

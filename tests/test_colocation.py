@@ -17,7 +17,7 @@ from core.scheduler.shape import StepShape
 from schema.traces import Trace
 from schema.traces.record import TraceRequest
 from sim.config import build_config
-from sim.costs.colocation import Colocation, fit_colocation, read_colocation
+from sim.costs.colocation import Colocation, check_colocation, fit_colocation, read_colocation
 from sim.model.shared_gpu import MIN_SHARE, SharedGpu
 from sim.replay import build_costs, run_replay
 
@@ -99,6 +99,18 @@ def test_two_decoding_replicas_stretch_each_other_and_the_fit_reads_it_back(tmp_
     fitted = pd.read_csv(out).set_index(["kind", "other"])
     assert fitted.loc[("decode", "decode"), "stretch"] == pytest.approx(1.5, rel=0.02)
     assert fitted.loc[("decode", "decode"), "fixed_ms"] == 0  # steps of one size: a ratio
+    # --check prices the same steps with a table: the fitted one matches them, ones do not
+    ones = table(tmp_path / "ones.csv", 1.0, 1.0, 1.0, 1.0)
+    for checked, error in ((out, 0.0), (ones, 1 / 1.5 - 1)):
+        script = str(ROOT / "scripts" / "fit_colocation.py")
+        command = [sys.executable, script, str(record), "--profile", str(PROFILE),
+                   "--model", "qwen3-0.6b", "--check", str(checked)]  # fmt: skip
+        done = subprocess.run(command, capture_output=True, text=True, cwd=ROOT)
+        assert done.returncode == 0, done.stderr
+        row = next(
+            line.split() for line in done.stdout.splitlines() if line.startswith("decode   decode")
+        )
+        assert float(row[-1].rstrip("%")) / 100 == pytest.approx(error, abs=0.02)
 
 
 def test_the_later_step_of_a_pair_settles_the_earlier_one(tmp_path: Path) -> None:
@@ -245,6 +257,11 @@ def test_the_affine_fit_recovers_stretch_and_fixed_time_and_keeps_the_sums() -> 
     affine = fit_colocation([[prefill, decode]], gpu, "test")
     assert affine.stretch["decode", "prefill"] == pytest.approx(1.6, rel=1e-6)
     assert affine.fixed["decode", "prefill"] == pytest.approx(0.003, rel=1e-6)
+    steps, recorded, priced = check_colocation(affine, [[prefill, decode]], gpu)[
+        "decode", "prefill"
+    ]
+    assert (steps, recorded) == (60, pytest.approx(device.sum()))
+    assert priced == pytest.approx(device.sum(), rel=1e-6)
     ratio = fit_colocation([[prefill, decode]], gpu, "test", form="ratio")
     assert ratio.fixed["decode", "prefill"] == 0.0
     factor = ratio.stretch["decode", "prefill"]

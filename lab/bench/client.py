@@ -15,7 +15,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-import httpx
+import aiohttp
 
 from schema.traces.record import TraceRequest
 
@@ -79,28 +79,32 @@ def _on_chunk(record: RequestRecord, data: dict[str, Any], now: float) -> None:
 
 
 async def send(
-    client: httpx.AsyncClient, target: Target, req: TraceRequest, prompt: str, clock0: float
+    client: aiohttp.ClientSession,
+    target: Target,
+    req: TraceRequest,
+    prompt: str,
+    clock0: float,
 ) -> RequestRecord:
     """Send ``req`` now and read its stream to the end; never raises for a bad request."""
     record = RequestRecord(req.rid, req.arrival, req.input_length, req.output_length)
     record.sent = time.perf_counter() - clock0
     body = request_body(target, req, prompt)
     try:
-        async with client.stream(
-            "POST", f"{target.url}/v1/completions", json=body, headers=target.headers()
+        async with client.post(
+            f"{target.url}/v1/completions", json=body, headers=target.headers()
         ) as reply:
-            if reply.status_code != 200:
-                text = (await reply.aread()).decode(errors="replace")
-                record.status, record.reason = "rejected", f"HTTP {reply.status_code}: {text}"
+            if reply.status != 200:
+                text = (await reply.read()).decode(errors="replace")
+                record.status, record.reason = "rejected", f"HTTP {reply.status}: {text}"
                 return record
-            async for line in reply.aiter_lines():
-                if not line.startswith("data:"):
+            async for raw in reply.content:
+                if not raw.startswith(b"data:"):
                     continue
-                payload = line[5:].strip()
-                if payload == "[DONE]":
+                payload = raw[5:].strip()
+                if payload == b"[DONE]":
                     break
                 _on_chunk(record, json.loads(payload), time.perf_counter() - clock0)
-    except (httpx.HTTPError, json.JSONDecodeError) as exc:
+    except (aiohttp.ClientError, TimeoutError, ValueError) as exc:
         record.status, record.reason = "failed", f"{type(exc).__name__}: {exc}"
     record.finished = time.perf_counter() - clock0
     if record.status == "pending":

@@ -8,13 +8,16 @@ import sys
 import time
 from dataclasses import dataclass
 
-import httpx
+import aiohttp
 from tqdm import tqdm
 
 from engine.ipc.heap import freeze_heap
 from lab.bench.client import RequestRecord, Target, send
 from lab.bench.server import ServerError
 from schema.traces.record import Trace, TraceRequest
+
+READ_BUFFER = 1 << 24
+"""Bytes a streamed line may take (a final chunk's ``meta_info`` carries every token's time)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -30,7 +33,7 @@ class BenchRun:
     gc_frozen: int
 
 
-async def warm_up(client: httpx.AsyncClient, target: Target, prompts: list[str]) -> None:
+async def warm_up(client: aiohttp.ClientSession, target: Target, prompts: list[str]) -> None:
     """One short request per prompt, one after the other, before the clock starts (not
     recorded); an error here means the server cannot be benchmarked."""
     for i, prompt in enumerate(prompts):
@@ -54,11 +57,12 @@ async def replay(
     ``gc_freeze`` the heap is frozen out of garbage collection after the warm-up
     (``engine.ipc.heap``), so that no full collection stalls the event loop mid-run, and
     unfrozen at the end."""
-    limits = httpx.Limits(max_connections=None, max_keepalive_connections=None)
-    timeout = httpx.Timeout(None, connect=60.0)
+    connector = aiohttp.TCPConnector(limit=0)  # a connection per open request, no cap
+    timeout = aiohttp.ClientTimeout(total=None, connect=60.0)
     bar = tqdm(total=len(trace.requests), unit="req", desc="bench", file=sys.stderr,
                disable=not progress, mininterval=1.0)  # fmt: skip
-    async with httpx.AsyncClient(timeout=timeout, limits=limits) as client:
+    session = aiohttp.ClientSession(connector=connector, timeout=timeout, read_bufsize=READ_BUFFER)
+    async with session as client:
         await warm_up(client, target, warmup)
         frozen = freeze_heap() if gc_freeze else 0
         try:

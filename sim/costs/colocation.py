@@ -226,24 +226,10 @@ def fit_colocation(
     alone, in ``form`` (``affine`` or ``ratio``: the module docstring)."""
     if form not in FORMS:
         raise ValueError(f"unknown co-location form {form!r}; known: {', '.join(FORMS)}")
-    groups: dict[tuple[str, str], tuple[list[float], list[float]]] = {}
-    for records in runs:
-        if len(records) < 2:
-            raise ValueError("a co-location fit needs the step records of two replicas or more")
-        timed = [
-            r[np.isfinite(r["device_ms"].to_numpy(np.float64))].reset_index(drop=True)
-            for r in records
-        ]
-        if any(not len(r) for r in timed):
-            raise ValueError("a co-location fit needs steps timed on the device (device_ms)")
-        for key, one_rec, one_mod in zip(*_kinds_beside(timed, gpu), strict=True):
-            group = groups.setdefault(key, ([], []))
-            group[0].append(one_rec)
-            group[1].append(one_mod)
     stretch: dict[tuple[str, str], float] = {}
     fixed: dict[tuple[str, str], float] = {}
-    for key, (rec, mod) in groups.items():
-        recorded, modelled = np.array(rec), np.array(mod)
+    groups = _groups(runs, gpu)
+    for key, (recorded, modelled) in groups.items():
         if not modelled.sum() > 0:
             continue
         stretch[key], fixed[key] = float(recorded.sum() / modelled.sum()), 0.0
@@ -260,3 +246,41 @@ def fit_colocation(
                 stretch[key], fixed[key] = float(slope), float(intercept)
     counts = {key: len(rec) for key, (rec, _) in groups.items()}
     return Colocation(stretch, counts, source, fixed)
+
+
+def check_colocation(
+    table: Colocation, runs: list[list[pd.DataFrame]], gpu: GpuCostModel
+) -> dict[tuple[str, str], tuple[int, float, float]]:
+    """A table against recorded runs (as ``fit_colocation`` takes them): per pair of kinds,
+    the steps, their recorded device time and the table's price of them (each step's time
+    alone stretched wholly beside the other kind; alone: as modelled), seconds, summed. It
+    tells the table's error on the plans that ran from what a simulation adds to it."""
+    out: dict[tuple[str, str], tuple[int, float, float]] = {}
+    for (kind, other), (recorded, modelled) in sorted(_groups(runs, gpu).items()):
+        if other == "alone":
+            priced = modelled
+        else:
+            priced = np.array([w * table.factor(kind, other, w) for w in modelled])
+        out[kind, other] = (len(recorded), float(recorded.sum()), float(priced.sum()))
+    return out
+
+
+def _groups(
+    runs: list[list[pd.DataFrame]], gpu: GpuCostModel
+) -> dict[tuple[str, str], tuple[np.ndarray, np.ndarray]]:
+    """The runs' steps per (kind, other kind): recorded device time and modelled time alone."""
+    groups: dict[tuple[str, str], tuple[list[float], list[float]]] = {}
+    for records in runs:
+        if len(records) < 2:
+            raise ValueError("a co-location fit needs the step records of two replicas or more")
+        timed = [
+            r[np.isfinite(r["device_ms"].to_numpy(np.float64))].reset_index(drop=True)
+            for r in records
+        ]
+        if any(not len(r) for r in timed):
+            raise ValueError("a co-location fit needs steps timed on the device (device_ms)")
+        for key, one_rec, one_mod in zip(*_kinds_beside(timed, gpu), strict=True):
+            group = groups.setdefault(key, ([], []))
+            group[0].append(one_rec)
+            group[1].append(one_mod)
+    return {key: (np.array(rec), np.array(mod)) for key, (rec, mod) in groups.items()}
