@@ -313,3 +313,18 @@ def test_validate_again_with_the_table_reproduces_a_shared_gpu_run(tmp_path: Pat
         ttft[name] = json.loads((out / "comparison.json").read_text())["ttft_ms"]["p90"]
     assert ttft["with"]["rel_err"] == pytest.approx(0.0, abs=1e-9)
     assert ttft["without"]["rel_err"] < -0.05
+
+
+def test_what_runs_beside_a_decode_step_counts_on_the_h200() -> None:
+    """The 60x round robin run's decode steps beside decode steps: a fit with the other
+    replica's work beside each step halves the residual of one line per pair of kinds."""
+    run = ROOT / "reports" / "cluster" / "h200_shared_gpu" / "edge60" / "round_robin"
+    script = str(ROOT / "scripts" / "colocation_share.py")
+    command = [sys.executable, script, str(run), "--profile", str(PROFILE)]
+    done = subprocess.run(command, capture_output=True, text=True, cwd=ROOT)
+    assert done.returncode == 0, done.stderr
+    rms = {line.split()[0]: float(line.split()[-2]) for line in done.stdout.splitlines()
+           if "residual RMS" in line}  # fmt: skip
+    assert rms["shared"] < 0.7 * rms["line"]
+    shared = next(line for line in done.stdout.splitlines() if line.lstrip().startswith("shared"))
+    assert float(shared.split()[6]) > 0.3  # the other replica's work weighs
