@@ -18,7 +18,7 @@ seconds per streamed chunk (receive, metrics, SSE event, the socket write),
 with C = ``CONCURRENCY``. The clients' work is not counted, as it is not in
 the server of a real deployment. (Timed instead behind Starlette's in-process
 test client, whose side of every chunk runs on the app's loop, a chunk cost
-4-5x as much: about 150 against 32 us on a 2-core development machine.)
+4-5x as much: 150-159 against 36-43 us on a 2-core development machine.)
 """
 
 from __future__ import annotations
@@ -96,7 +96,9 @@ def measure_http(repeats: int, concurrency: int = CONCURRENCY) -> tuple[StageCos
         port = probe.getsockname()[1]
     spawn = multiprocessing.get_context("spawn")
     ready = spawn.Queue()
-    child = spawn.Process(target=_serve, args=(port, concurrency, ready), daemon=True)
+    run_dir = tempfile.TemporaryDirectory()  # the child's sockets; removed here, after it
+    child = spawn.Process(target=_serve, args=(port, concurrency, run_dir.name, ready),
+                          daemon=True)  # fmt: skip
     child.start()
     try:
         loop_thread = _wait_ready(child, ready, port)
@@ -117,33 +119,33 @@ def measure_http(repeats: int, concurrency: int = CONCURRENCY) -> tuple[StageCos
     finally:
         child.terminate()
         child.join(10)
+        run_dir.cleanup()
     return (
         StageCost.of("frontend", [f[0] for f in fits]),
         StageCost.of("stream", [f[1] for f in fits]),
     )
 
 
-def _serve(port: int, concurrency: int, ready: Queue[int]) -> None:
+def _serve(port: int, concurrency: int, run_dir: str, ready: Queue[int]) -> None:
     """The child: the app under uvicorn, the pipeline beside it; reports its loop's thread."""
     import uvicorn
 
     from engine.server.app import create_app
 
-    with tempfile.TemporaryDirectory() as run_dir:
-        cfg = ServeConfig(
-            model="profile",
-            model_path="profile",
-            tokenizer_path="",
-            vocab_size=1 << 16,
-            run_dir=run_dir,
-            parent_pid=os.getpid(),
-            max_model_len=1 << 20,
-        )
-        stop = threading.Event()
-        threading.Thread(target=_pipeline, args=(cfg, stop, concurrency), daemon=True).start()
-        ready.put(threading.get_native_id())  # uvicorn runs its loop in this thread
-        app = create_app(cfg, health=lambda: None)
-        uvicorn.run(app, host="127.0.0.1", port=port, log_level="warning")
+    cfg = ServeConfig(
+        model="profile",
+        model_path="profile",
+        tokenizer_path="",
+        vocab_size=1 << 16,
+        run_dir=run_dir,
+        parent_pid=os.getppid(),  # the profiling process
+        max_model_len=1 << 20,
+    )
+    stop = threading.Event()
+    threading.Thread(target=_pipeline, args=(cfg, stop, concurrency), daemon=True).start()
+    ready.put(threading.get_native_id())  # uvicorn runs its loop in this thread
+    app = create_app(cfg, health=lambda: None)
+    uvicorn.run(app, host="127.0.0.1", port=port, log_level="warning")
 
 
 def _wait_ready(child: BaseProcess, ready: Queue[int], port: int, timeout: float = 60.0) -> int:
