@@ -38,25 +38,6 @@ from sim.costs.colocation import covered, gpu_intervals  # noqa: E402
 from sim.costs.recorded import RecordedCostModel  # noqa: E402
 from sim.replay import build_costs  # noqa: E402
 
-COLUMNS = ["run", "recorded_ms", "w_ms", "v_ms"]
-
-
-def done_beside(start: np.ndarray, end: np.ndarray, other: tuple[np.ndarray, ...]) -> np.ndarray:
-    """Per interval: the other replica's modelled work done in it (its steps' modelled time
-    alone, each in proportion to the part of it inside the interval)."""
-    o_start, o_end, o_model = other
-    rate = o_model / np.maximum(o_end - o_start, 1e-12)
-    out = np.zeros(len(start))
-    first = 0
-    for i in range(len(start)):
-        while first < len(o_end) and o_end[first] <= start[i]:
-            first += 1
-        j = first
-        while j < len(o_start) and o_start[j] < end[i]:
-            out[i] += max(0.0, min(end[i], o_end[j]) - max(start[i], o_start[j])) * rate[j]
-            j += 1
-    return out
-
 
 def decode_pairs(run: Path, profile: str, model: str) -> pd.DataFrame:
     """The run's decode steps that ran beside decode steps: recorded, w and v (ms)."""
@@ -76,7 +57,8 @@ def decode_pairs(run: Path, profile: str, model: str) -> pd.DataFrame:
         length = np.maximum(end - start, 1e-12)
         near = covered(start, end, o_start, o_end) / length
         near_prefill = covered(start, end, o_start[prefill], o_end[prefill]) / length
-        v = done_beside(start, end, (o_start, o_end, models[1 - k]))
+        rate = models[1 - k] / np.maximum(o_end - o_start, 1e-12)  # its work per second
+        v = covered(start, end, o_start, o_end, rate)
         keep = (records[k]["prefill_tokens"].to_numpy() == 0) & (near > 0.5) & (near_prefill < 0.5)
         frame = {"run": f"{run} r{k}", "recorded_ms": length[keep] * 1e3,
                  "w_ms": models[k][keep] * 1e3, "v_ms": v[keep] * 1e3}  # fmt: skip

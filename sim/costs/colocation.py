@@ -172,10 +172,15 @@ def gpu_intervals(record: pd.DataFrame) -> tuple[np.ndarray, np.ndarray]:
 
 
 def covered(
-    start: np.ndarray, end: np.ndarray, other_start: np.ndarray, other_end: np.ndarray
+    start: np.ndarray,
+    end: np.ndarray,
+    other_start: np.ndarray,
+    other_end: np.ndarray,
+    weight: np.ndarray | None = None,
 ) -> np.ndarray:
     """Per interval [start, end): the time the intervals [other_start, other_end) (sorted,
-    disjoint) cover of it."""
+    disjoint) cover of it, each other interval's part times its ``weight`` (default 1)."""
+    weights = np.ones(len(other_start)) if weight is None else weight
     out = np.zeros(len(start))
     first = 0
     for i in range(len(start)):
@@ -183,7 +188,8 @@ def covered(
             first += 1
         j = first
         while j < len(other_start) and other_start[j] < end[i]:
-            out[i] += max(0.0, min(end[i], other_end[j]) - max(start[i], other_start[j]))
+            overlap = min(end[i], other_end[j]) - max(start[i], other_start[j])
+            out[i] += max(0.0, overlap) * weights[j]
             j += 1
     return out
 
