@@ -20,7 +20,7 @@ from lab.bench.load import READ_BUFFER
 from schema.traces.record import TraceRequest
 
 ROOT = Path(__file__).resolve().parents[1]
-LONG = 300_000  # bytes of one final chunk: far over aiohttp's default line buffer
+LONG = 1_000_000  # bytes of one final chunk: over the 512 KiB line aiohttp takes by default
 
 
 async def completions(request: web.Request) -> web.StreamResponse:
@@ -38,7 +38,7 @@ async def completions(request: web.Request) -> web.StreamResponse:
     return reply
 
 
-async def exchange(max_tokens: int) -> RequestRecord:
+async def exchange(max_tokens: int, read_bufsize: int = READ_BUFFER) -> RequestRecord:
     app = web.Application()
     app.router.add_post("/v1/completions", completions)
     runner = web.AppRunner(app)
@@ -49,7 +49,7 @@ async def exchange(max_tokens: int) -> RequestRecord:
     try:
         target = Target(f"http://127.0.0.1:{port}", "m", meta_info=True)
         request = TraceRequest("r", 0.0, 4, max_tokens)
-        async with aiohttp.ClientSession(read_bufsize=READ_BUFFER) as client:
+        async with aiohttp.ClientSession(read_bufsize=read_bufsize) as client:
             return await send(client, target, request, "hi", 0.0)
     finally:
         await runner.cleanup()
@@ -61,6 +61,11 @@ def test_a_stream_is_timed_chunk_by_chunk_and_a_long_final_chunk_is_read() -> No
     assert len(record.chunk_times) == 5 and record.chunk_times == sorted(record.chunk_times)
     assert record.usage == {"completion_tokens": 5}
     assert len(record.meta["token_times"]) == LONG // 5
+
+
+def test_a_line_over_the_buffer_fails_the_request_not_the_benchmark() -> None:
+    record = asyncio.run(exchange(5, read_bufsize=1 << 16))
+    assert record.status == "failed" and "LineTooLong" in record.reason
 
 
 def test_a_refused_request_is_rejected_with_the_server_s_reason() -> None:

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import aiohttp
+from aiohttp.http_exceptions import HttpProcessingError
 
 from schema.traces.record import TraceRequest
 
@@ -104,7 +105,7 @@ async def send(
                 if payload == b"[DONE]":
                     break
                 _on_chunk(record, json.loads(payload), time.perf_counter() - clock0)
-    except (aiohttp.ClientError, TimeoutError, ValueError) as exc:
+    except (aiohttp.ClientError, HttpProcessingError, TimeoutError, ValueError) as exc:
         record.status, record.reason = "failed", f"{type(exc).__name__}: {exc}"
     record.finished = time.perf_counter() - clock0
     if record.status == "pending":

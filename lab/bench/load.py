@@ -17,7 +17,8 @@ from lab.bench.server import ServerError
 from schema.traces.record import Trace, TraceRequest
 
 READ_BUFFER = 1 << 24
-"""Bytes a streamed line may take (a final chunk's ``meta_info`` carries every token's time)."""
+"""The stream's buffer; a line may take twice as many bytes (aiohttp's default lets 512 KiB,
+and a final chunk's ``meta_info`` carries every token's time)."""
 
 
 @dataclass(frozen=True, slots=True)
