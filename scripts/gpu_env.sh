@@ -8,11 +8,13 @@ if [ ! -d "$SITE/flashinfer" ]; then
     python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
         --target "$SITE" .gpu/wheels/*.whl || return 1
     tar xzf .gpu/flashinfer.tar.gz -C "$SITE" || return 1
-    for so in .gpu/aot/*.so; do
+    aot=$(mktemp -d) && tar xzf gpu/flashinfer-jit-sm90.tar.gz -C "$aot" || return 1
+    for so in "$aot"/*.so; do  # the compiled kernels, where FlashInfer loads them
         [ -e "$so" ] || continue
         name=$(basename "$so" .so)
         mkdir -p "$SITE/flashinfer/data/aot/$name" && cp "$so" "$SITE/flashinfer/data/aot/$name/"
     done
+    rm -rf "$aot"
 fi
 export PYTHONPATH="$PWD:$SITE"
 export PYTHONUNBUFFERED=1

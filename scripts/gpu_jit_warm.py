@@ -6,8 +6,8 @@ Run on the GPU machine after ``source scripts/gpu_env.sh``::
 
 Each module (paged attention for bf16 and head dim 128, RMSNorm, SiLU-and-mul,
 rotary) is built by a small real call in its own process, so the four JIT
-compilations overlap. The compiled ``*.so`` files go into the tarball, which
-``scripts/gpu_prepare.py --jit-cache`` turns into ``.gpu/aot/`` for later runs.
+compilations overlap. The compiled ``*.so`` files go into the tarball; committed as
+``gpu/flashinfer-jit-sm90.tar.gz``, ``scripts/gpu_env.sh`` loads them in later runs.
 """
 
 from __future__ import annotations

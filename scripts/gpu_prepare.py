@@ -14,10 +14,9 @@ What ``.gpu/`` holds:
   machine lacks (ZeroMQ, msgspec, FastAPI and its stack, uvicorn, SimPy, Plotly);
 - ``flashinfer.tar.gz``: ``flashinfer-python`` 0.2.14.post1 from its source
   archive, with the CUDA sources and headers (CUTLASS, spdlog) it compiles its
-  kernels from on first use (JIT, about two minutes on that machine);
-- ``aot/``: FlashInfer kernels compiled by an earlier run (``--jit-cache``, a
-  tarball that run brought back, by default ``gpu/flashinfer-jit-sm90.tar.gz``),
-  loaded instead of compiling;
+  kernels from on first use (JIT, about two minutes on that machine; the
+  kernels the engine uses come compiled in the tracked
+  ``gpu/flashinfer-jit-sm90.tar.gz``, which ``gpu_env.sh`` unpacks there);
 - ``tokenizer/``: SmolLM2's tokenizer, chat template and configs without weights
   (dummy-weight presets borrow it with ``--tokenizer .gpu/tokenizer``).
 """
@@ -115,19 +114,6 @@ def build_flashinfer(dest: Path) -> None:
             out.add(package, arcname="flashinfer")
 
 
-def unpack_jit_cache(cache: Path, dest: Path) -> int:
-    """Copy the ``*.so`` of a JIT-cache tarball into ``dest``; returns how many."""
-    dest.mkdir(parents=True, exist_ok=True)
-    count = 0
-    with tarfile.open(cache) as tar:
-        for member in tar.getmembers():
-            if member.isfile() and member.name.endswith(".so"):
-                data = tar.extractfile(member)
-                assert data is not None
-                (dest / Path(member.name).name).write_bytes(data.read())
-                count += 1
-    return count
-
 
 def copy_tokenizer(model: Path, dest: Path) -> None:
     dest.mkdir(parents=True, exist_ok=True)
@@ -139,7 +125,6 @@ def copy_tokenizer(model: Path, dest: Path) -> None:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     ap.add_argument("--out", type=Path, default=ROOT / ".gpu")
-    ap.add_argument("--jit-cache", type=Path, default=ROOT / "gpu" / "flashinfer-jit-sm90.tar.gz")
     args = ap.parse_args()
     from engine.models.setup import ensure_model
 
@@ -148,11 +133,6 @@ def main() -> None:
     download_wheels(out / "wheels")
     if not (out / "flashinfer.tar.gz").exists():
         build_flashinfer(out / "flashinfer.tar.gz")
-    if args.jit_cache.exists():
-        n = unpack_jit_cache(args.jit_cache, out / "aot")
-        print(f"{n} compiled FlashInfer modules from {args.jit_cache}")
-    else:
-        print(f"no JIT cache at {args.jit_cache}: FlashInfer compiles its kernels on first use")
     copy_tokenizer(ensure_model("smollm2-135m"), out / "tokenizer")
     size = sum(f.stat().st_size for f in out.rglob("*") if f.is_file())
     print(f"{out}: {size / 2**20:.1f} MiB")
