@@ -114,7 +114,6 @@ def build_flashinfer(dest: Path) -> None:
             out.add(package, arcname="flashinfer")
 
 
-
 def copy_tokenizer(model: Path, dest: Path) -> None:
     dest.mkdir(parents=True, exist_ok=True)
     for f in model.iterdir():

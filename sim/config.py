@@ -79,9 +79,11 @@ class SimConfig:
     # them (else each has its own, as N servers behind ``engine router``)
     shared_frontend: bool = False
     # the frontend's one event loop also streams every token, as the engine's does: a
-    # request's intake waits behind the chunks streamed before it (sim.model.frontend;
-    # off: two separate queues, the model before)
-    frontend_loop: bool = True
+    # request's intake waits behind the chunks streamed before it (sim.model.frontend).
+    # Off (two separate queues) by default: at a chunk's true cost (~25 us on an H200
+    # host) it moved no validated figure by more than 1 point and costs 1.18x the wall
+    # time (reports/validate/h200/attribution/, last section)
+    frontend_loop: bool = False
 
     def __post_init__(self) -> None:
         model_shape(self.model)
