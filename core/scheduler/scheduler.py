@@ -35,7 +35,7 @@ so later chunks never allocate; only decode grows a request.
 from __future__ import annotations
 
 import bisect
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 
 from core.scheduler import decode_run
 from core.scheduler.config import SchedulerConfig, SchedulerStats
@@ -126,18 +126,19 @@ class Scheduler:
         return [r for _, r in self._waiting]
 
     def stats(self) -> SchedulerStats:
-        free = self.memory.num_free
-        return SchedulerStats(
-            num_pages=self.config.pages,
-            pages_used=self.config.pages - free,
-            pages_free=free,
-            pages_cached=self.memory.evictable,
-            num_waiting=len(self._waiting),
-            num_running=len(self.running),
-            prompt_tokens=self.prompt_tokens,
-            cached_tokens=self.cached_tokens,
-            **self.memory.host_stats(),
+        memory, pages = self.memory, self.config.pages
+        free = memory.num_free
+        counts = (  # SchedulerStats' fields in order, positional (the simulator asks every step)
+            pages,
+            pages - free,
+            free,
+            memory.evictable,
+            len(self._waiting),
+            len(self.running),
+            self.prompt_tokens,
+            self.cached_tokens,
         )
+        return SchedulerStats(*counts, **memory.host_stats())
 
     # ------------------------------------------------------------------ schedule
     def schedule(self, now: float) -> Plan:
@@ -195,9 +196,10 @@ class Scheduler:
         for req in [r for r in running.values() if r.status is decoding]:
             if preempted and running.get(req.rid) is not req:
                 continue  # preempted earlier in this loop
-            if req.planned_outputs >= req.max_new_tokens:
+            num_planned = req.num_planned
+            if num_planned - req.prompt_len + 1 >= req.max_new_tokens:  # planned_outputs, inlined
                 continue
-            if req.num_planned >= len(req.pages) * ps:  # the next position starts a page
+            if num_planned >= len(req.pages) * ps:  # the next position starts a page
                 if not self._free_a_page(req, preempted):
                     continue
                 self.memory.add_page(req)
@@ -330,11 +332,16 @@ class Scheduler:
                 continue
             self._hold(req, self.memory.share_prefix(req, chunk.start + chunk.length, self.step))
             if chunk.samples:
-                self._append(req, tokens, events)
-        for slot in plan.decode:
-            req = self._placed_in(slot.rid, plan.step)
-            if req is not None:
-                self._append(req, tokens, events)
+                self._append((req,), tokens, events)
+        running, aborted, step = self.running, RequestStatus.ABORTED, plan.step
+        placed = (  # _placed_in, inlined: once per request and step
+            req
+            for slot in plan.decode
+            if (req := running.get(slot.rid)) is not None
+            and req.status is not aborted
+            and req.admitted_at <= step
+        )
+        self._append(placed, tokens, events)
         return events
 
     def _placed_in(self, rid: str, step: int) -> Request | None:
@@ -345,14 +352,19 @@ class Scheduler:
             return None
         return req
 
-    def _append(self, req: Request, tokens: Mapping[str, int] | None, events: list[Event]) -> None:
-        token = PLACEHOLDER_TOKEN if tokens is None else tokens[req.rid]
-        events.append(TokenOut(req.rid, token, not req.output))
-        req.output.append(token)
-        if token in req.stop_token_ids:
-            self._finish(req, FinishReason.STOP, events)
-        elif len(req.output) >= req.max_new_tokens:
-            self._finish(req, FinishReason.LENGTH, events)
+    def _append(
+        self, reqs: Iterable[Request], tokens: Mapping[str, int] | None, events: list[Event]
+    ) -> None:
+        """Each of ``reqs``' sampled token: a ``TokenOut``, and its end if it stops it."""
+        for req in reqs:
+            token = PLACEHOLDER_TOKEN if tokens is None else tokens[req.rid]
+            output = req.output
+            events.append(TokenOut(req.rid, token, not output))
+            output.append(token)
+            if token in req.stop_token_ids:
+                self._finish(req, FinishReason.STOP, events)
+            elif len(output) >= req.max_new_tokens:
+                self._finish(req, FinishReason.LENGTH, events)
 
     def _finish(self, req: Request, reason: FinishReason, events: list[Event]) -> None:
         req.status = RequestStatus.FINISHED

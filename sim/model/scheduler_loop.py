@@ -188,10 +188,12 @@ class SimSchedulerLoop:
         start = env.now
         shape = StepShape.of_plan(plan)
         schedule = self.cpu.schedule_time(plan.batch_size)
-        wall, device = self.gpu.times(shape)
-        duration = copies + wall + schedule
-        if self.seat is not None:  # the device part stretched by the replicas beside it
+        if self.seat is None:  # the step's time alone (its device part priced only if shared)
+            duration = copies + self.gpu.step_time(shape) + schedule
+        else:  # the device part stretched by the replicas beside it
+            wall, device = self.gpu.times(shape)
             kind, on_gpu = kind_of(shape.prefill_tokens), start + schedule + copies
+            duration = copies + wall + schedule
             duration += self.seat.price(kind, on_gpu, device) - device
         if self.record is not None:  # no device time: the strict loop prices none
             launched = start + schedule
