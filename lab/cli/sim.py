@@ -65,7 +65,7 @@ def _replay_args(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> No
         default=None,
         help="the frontend's one event loop also streams the tokens: a request's intake waits "
         "behind the chunks streamed before it (default: off, two separate queues; at a "
-        "chunk's true cost the two agree within a point, and the loop is slower)",
+        "chunk's true cost the two agree within a point on P50 and P90, and the loop is slower)",
     )
     p.add_argument(
         "--overlap",
