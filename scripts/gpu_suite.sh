@@ -26,8 +26,8 @@
 #             replica records its steps (the attribution sets the profile against each one's)
 #   capacity  `sim validate --capacity` on a trace none of the model's choices saw (a `sim gen`
 #             trace of mid-length prompts with shared prefixes, bursty; or $CAP_TRACE at
-#             $CAP_SCALE, $CAP_LIMIT requests), SLOs TTFT <= $CAP_TTFT_MS (1000) and TPOT <= 50 ms
-#             for 99 % of requests; the simulated side with $CAP_PROFILE (the committed profile);
+#             $CAP_SCALE, $CAP_LIMIT requests), SLOs TTFT <= $CAP_TTFT_MS (1000) and TPOT <=
+#             $CAP_TPOT_MS (50) for 99 % of requests, $CAP_REPEATS (2) runs at the edge; the simulated side with $CAP_PROFILE (the committed profile);
 #             $CAP_SERVE_ARGS more server flags
 #   alone     a run at the edge of the capacity trace ($ALONE_TRACE at $ALONE_SCALE, default the
 #             mid-length trace at 1.3x) with its step record, then $ALONE_PLANS steps of each kind
@@ -224,7 +224,8 @@ for part in $parts; do
                 ${CAP_LIMIT:+--limit "$CAP_LIMIT"} \
                 --url http://127.0.0.1:18400 --profile "${CAP_PROFILE:-profiles/h200_llama-3.1-8b.csv}" \
                 --tokenizer .gpu/tokenizer --capacity --slo-ttft-ms "${CAP_TTFT_MS:-1000}" \
-                --slo-tpot-ms 50 --attainment 0.99 --tolerance 0.1 --repeats 2 --no-report \
+                --slo-tpot-ms "${CAP_TPOT_MS:-50}" --attainment 0.99 --tolerance 0.1 \
+                --repeats "${CAP_REPEATS:-2}" --no-report \
                 --no-progress --out "$out/capacity"
         else
             tail -n 20 "$out/capacity_server.log"

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import json
-from dataclasses import replace
+from dataclasses import asdict, replace
 from pathlib import Path
 
 import numpy as np
@@ -15,6 +15,7 @@ from lab.cli.sim import main as sim_main
 from lab.outputs import write_outputs, write_step_record
 from lab.validate.attribution import METRICS, PARTS, decompose
 from lab.validate.attribution_report import attribution_section
+from lab.validate.step_errors import format_step_errors, step_errors
 from schema.run import RunResult
 from schema.steprecord import STEP_RECORD_COLUMNS, STEP_RECORD_NAME
 from schema.traces import load_trace
@@ -332,3 +333,36 @@ def test_an_eager_launch_that_the_device_overlapped_is_not_host_time_twice() -> 
     record["enqueued"] = np.nan
     step, device = recorded_times(record, overlap=True)
     assert step - device == pytest.approx([0.002, 0.018])  # the second runs long
+
+
+def test_steps_past_the_profile_s_grid_are_told_apart() -> None:
+    """Decode steps recorded 10 % slower than the model past the profile's longest row, and
+    as fast inside it: the reach groups put the whole error on the steps beyond."""
+    gpu, cpu = build_costs(validation_config(True))
+    measured = gpu.measured_reach()
+    assert measured is not None
+    longest = 2 * measured.decode_longest
+    plans = [
+        (StepShape.decode(4, 4 * 1024, 1024), 1.0),
+        (StepShape.decode(4, 4 * longest, longest), 1.1),
+    ]
+    rows, t = [], 0.0
+    for i, (shape, slower) in enumerate(plans * 3):
+        device = gpu.device_time(shape) * slower
+        rows.append(asdict(shape) | {
+            "step": i, "schedule_start": t, "schedule_end": t, "enqueued": t, "launched": t,
+            "done": t + device, "device_ms": device * 1e3, "in_flight": 0, "num_waiting": 0,
+            "num_running": shape.decode_requests, "prefill_requests": 0,
+        })  # fmt: skip
+        t += device
+    record = pd.DataFrame(rows)[list(STEP_RECORD_COLUMNS)]
+    errors = step_errors(RecordedCostModel(record, gpu, True), record, cpu)
+    reach = errors["by_reach"]
+    assert list(reach) == ["within", "beyond", "beyond, decode 2-7"]
+    assert reach["within"]["device"]["n"] == reach["beyond"]["device"]["n"] == 3
+    assert reach["within"]["device"]["error"] == pytest.approx(0, abs=1e-9)
+    assert reach["beyond"]["device"]["error"] == pytest.approx(1 / 1.1 - 1)
+    assert reach["beyond, decode 2-7"] == reach["beyond"]
+    assert any(
+        line.strip().startswith("reach beyond, decode 2-7") for line in format_step_errors(errors)
+    )

@@ -4,8 +4,10 @@ Every recorded step's shape is priced by the validation's cost model and set
 against the recorded times (``sim.costs.recorded.recorded_times``: the step
 time as the replay's loop asks it, strict or overlapped, and the device time
 where the record has one). Grouped by step kind (pure decode, mixed, prefill
-only) and by batch-size band (prefill chunks + decode requests), each group
-gives::
+only), by batch-size band (prefill chunks + decode requests) and, for a model
+with a measured grid, by reach (``within`` the profile's grid, ``beyond`` it:
+priced by extrapolation, ``sim.costs.reach``; the steps beyond also per kind and
+batch band), each group gives::
 
     n             steps
     recorded_ms   mean recorded time
@@ -26,7 +28,9 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from core.scheduler.shape import StepShape
 from sim.costs.base import CpuCosts
+from sim.costs.reach import Reach
 from sim.costs.recorded import BAND_EDGES, KINDS, RecordedCostModel, band, step_kind
 
 
@@ -63,6 +67,13 @@ def _table(frame: pd.DataFrame, by: str, order: list[str]) -> dict[str, Any]:
     return out
 
 
+def _reach(shape: StepShape, measured: Reach) -> str:
+    """``beyond`` if ``shape`` exceeds ``measured`` on any feature, else ``within``."""
+    step = Reach()
+    step.widen(shape)
+    return "beyond" if step.beyond(measured) else "within"
+
+
 def step_errors(model: RecordedCostModel, record: pd.DataFrame, cpu: CpuCosts) -> dict[str, Any]:
     """The per-step table of ``record`` priced by ``model.wrapped`` (see the module docstring)."""
     batch = (record["prefill_requests"] + record["decode_requests"]).to_numpy(np.int64)
@@ -78,6 +89,15 @@ def step_errors(model: RecordedCostModel, record: pd.DataFrame, cpu: CpuCosts) -
         }
     )
     bands = [band(e) for e in BAND_EDGES]
+    measured = model.wrapped.measured_reach()
+    by_reach: dict[str, Any] = {}
+    if measured is not None:
+        frame["reach"] = [_reach(s, measured) for s in shapes]
+        beyond = frame[frame["reach"] == "beyond"]
+        by_reach = _table(frame, "reach", ["within", "beyond"])
+        for kind in KINDS:
+            rows = beyond[beyond["kind"] == kind]
+            by_reach |= {f"beyond, {kind} {k}": v for k, v in _table(rows, "batch", bands).items()}
     scheduler = (record["schedule_end"] - record["schedule_start"]).to_numpy(np.float64)
     modelled = np.array([cpu.schedule_time(int(n)) for n in batch])
     return {
@@ -85,6 +105,7 @@ def step_errors(model: RecordedCostModel, record: pd.DataFrame, cpu: CpuCosts) -
         "all": _table(frame.assign(all="all"), "all", ["all"]).get("all"),
         "by_kind": _table(frame, "kind", list(KINDS)),
         "by_batch": _table(frame, "batch", bands),
+        "by_reach": by_reach,
         "scheduler": _group(scheduler, modelled),
     }
 
@@ -96,9 +117,10 @@ def format_step_errors(steps: dict[str, Any]) -> list[str]:
     groups = [("all", steps["all"])] if steps["all"] else []
     groups += [(f"kind {k}", v) for k, v in steps["by_kind"].items()]
     groups += [(f"batch {k}", v) for k, v in steps["by_batch"].items()]
+    groups += [(f"reach {k}", v) for k, v in steps.get("by_reach", {}).items()]
     for name, g in groups:
         step, device = g["step"], g["device"]
         dev = "-" if device["error"] is None else f"{device['error']:+.1%}"
         err = "-" if step["error"] is None else f"{step['error']:+.1%}"
-        lines.append(f"  {name:<16}{step['n']:>8} steps {err:>9} ({dev})")
+        lines.append(f"  {name:<26}{step['n']:>8} steps {err:>9} ({dev})")
     return lines
