@@ -22,13 +22,15 @@
 #             traces with shared prefixes ($ATTR_RUNS, $ATTR_REPEATS)
 #   cluster   `engine serve --dp 2 --dp-share-gpu` of Qwen3-0.6B against its simulation on the
 #             Mooncake conversation trace or $CLUSTER_TRACE, per router policy ($CLUSTER_POLICIES,
-#             _SCALE, _LIMIT, _REPEATS, _PROFILE, _MPS, _COLOCATION: a co-location table); the Qwen3 profile measures the long grid; each
-#             replica records its steps (the attribution sets the profile against each one's)
+#             _SCALE, _LIMIT, _REPEATS, _PROFILE, _MPS, _COLOCATION: a co-location table); the
+#             Qwen3 profile measures the long grid; each replica records its steps (the
+#             attribution sets the profile against each one's)
 #   capacity  `sim validate --capacity` on a trace none of the model's choices saw (a `sim gen`
 #             trace of mid-length prompts with shared prefixes, bursty; or $CAP_TRACE at
 #             $CAP_SCALE, $CAP_LIMIT requests), SLOs TTFT <= $CAP_TTFT_MS (1000) and TPOT <=
-#             $CAP_TPOT_MS (50) for 99 % of requests, $CAP_REPEATS (2) runs at the edge; the simulated side with $CAP_PROFILE (the committed profile);
-#             $CAP_SERVE_ARGS more server flags
+#             $CAP_TPOT_MS (50) for 99 % of requests, $CAP_REPEATS (2) runs at the edge; the
+#             simulated side with $CAP_PROFILE (the committed profile); $CAP_SERVE_ARGS more
+#             server flags
 #   alone     a run at the edge of the capacity trace ($ALONE_TRACE at $ALONE_SCALE, default the
 #             mid-length trace at 1.3x) with its step record, then $ALONE_PLANS steps of each kind
 #             timed alone (engine profile --plans-from): serving against the same plans alone,
