@@ -18,7 +18,7 @@
 #             kernel variants, Llama-3.1-8B and Qwen3-0.6B shapes
 #   overlap   idle GPU time between decode steps, overlap on and off
 #   attribution  `sim validate` with the engine's step record (error attribution) on the
-#             Azure conversation trace, a busy window of the code trace and two long-prompt
+#             Azure conversation trace, a busy window of the code trace and three long-prompt
 #             traces with shared prefixes ($ATTR_RUNS, $ATTR_REPEATS)
 #   cluster   `engine serve --dp 2 --dp-share-gpu` of Qwen3-0.6B against its simulation on the
 #             Mooncake conversation trace or $CLUSTER_TRACE, per router policy ($CLUSTER_POLICIES,
@@ -56,6 +56,9 @@
 #   serve     the offline workload over HTTP: Llama-3.1-8B (overlap on and off), Qwen3-0.6B
 #   profile   `engine profile` of the Llama-3.1-8B shape over $LONG_GRID (the committed
 #             profile's grid, and mixed steps inside it) -> OUT_DIR/h200_llama-3.1-8b.csv
+#   ragged    decode steps of 2-32 rows up to 32k tokens, uniform and ragged (one long row among
+#             1k ones), with held-out points of rows at random contexts in between: the committed
+#             profile's third run (scripts/merge_profiles.py) -> OUT_DIR/ragged32k.csv
 #   validate  the profile (the committed grid), then `sim validate` of the Azure conversation
 #             trace against a live server at rate scales $RATES (default "3 5 7", $LIMIT
 #             requests each, default 300);
@@ -165,6 +168,9 @@ for part in $parts; do
         python3 -m lab.cli.sim gen --arrival gamma --cv 1.5 --rate 1.0 --input uniform:4096:36864 \
             --output uniform:64:384 --num 200 --prefix-groups 12 --prefix-len uniform:1024:20480 \
             --seed 23 --out build/long_prefix_40k.jsonl
+        python3 -m lab.cli.sim gen --arrival gamma --cv 1.5 --rate 1.0 --input uniform:6144:30720 \
+            --output uniform:64:448 --num 200 --prefix-groups 8 --prefix-len uniform:1024:8192 \
+            --seed 59 --out build/long_heldout.jsonl
         python3 scripts/trace_window.py traces/azure_code.csv --skip 3345 --limit 300 \
             --out build/azure_code_busy.csv
         pid=$(serve_bg 18500 "$out/attribution_server.log" --max-prefill-tokens 2048 \
@@ -319,6 +325,14 @@ for part in $parts; do
             --serve-args --no-overlap
         run serve_qwen3 240 python3 scripts/bench_gpu_serve.py --model qwen3-0.6b --port 18200 \
             --out "$out/serve_qwen3.json"
+        ;;
+    ragged)  # decodes past the long grid's 16k rows (a 60-request long-prompt trace reaches 29k)
+        run ragged 300 python3 -m lab.cli.engine profile --model llama-3.1-8b --dummy-weights \
+            --tokenizer .gpu/tokenizer --device cuda --no-cpu-stages --max-seconds 200 \
+            --prefill-tokens 2048 --prefill-prefixes 0 --prefill-chunks 1 \
+            --decode-batches 2,4,8,16,17,24,25,32 --decode-contexts 1024,8192,16384,24576,32768 \
+            --ragged-longest 16384,24576,32768 --mixed-prefill 2048 --mixed-prefixes 0 \
+            --mixed-batches 8 --mixed-contexts 16384 --holdout 30 --out "$out/ragged32k.csv"
         ;;
     profile)  # the long grid
         run profile 480 python3 -m lab.cli.engine profile --model llama-3.1-8b --dummy-weights \
