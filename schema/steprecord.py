@@ -95,6 +95,15 @@ def replica_record_path(path: Path, replica: int, replicas: int) -> Path:
     return path.with_name(f"{path.stem}.replica{replica}{path.suffix}")
 
 
+def step_record_in(folder: Path) -> Path | None:
+    """The step record a run's folder holds: ``STEP_RECORD_NAME``, or the same gzipped
+    (``.gz`` beside it: a kept report's), or None."""
+    for path in (folder / STEP_RECORD_NAME, folder / f"{STEP_RECORD_NAME}.gz"):
+        if path.is_file():
+            return path
+    return None
+
+
 def read_step_record(path: Path) -> pd.DataFrame:
     """A step record as a frame with ``STEP_RECORD_COLUMNS`` in order (and ``replica`` after
     them where the file has it), typed as ``FLOAT_COLUMNS`` says, in step order (replica by

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gzip
 import json
 from dataclasses import asdict, replace
 from pathlib import Path
@@ -64,11 +65,16 @@ def validation_config(overlap: bool) -> SimConfig:
 
 
 def validate_again(
-    tmp_path: Path, overlap: bool, factor: float | None, record: bool, replicas: int = 1
+    tmp_path: Path,
+    overlap: bool,
+    factor: float | None,
+    record: bool,
+    replicas: int = 1,
+    gzipped: bool = False,
 ) -> tuple[Path, RunResult]:
     """A simulated run (its steps ``factor`` x the model's, if given; with its step record, if
-    ``record``) written as the real run of an earlier validation, then ``sim validate
-    --real-from`` on it: its output folder, and the run."""
+    ``record``, gzipped if ``gzipped``) written as the real run of an earlier validation, then
+    ``sim validate --real-from`` on it: its output folder, and the run."""
     trace = load_trace(TRACE, limit=LIMIT, rate_scale=RATE_SCALE)
     config = replace(validation_config(overlap), replicas=replicas)
     costs = None
@@ -80,6 +86,10 @@ def validate_again(
     write_outputs(real, earlier / "real-1", report=False)
     write_step_record(real.engine_steps, earlier / "real-1")
     assert (earlier / "real-1" / STEP_RECORD_NAME).is_file() == record
+    if gzipped:
+        plain = earlier / "real-1" / STEP_RECORD_NAME
+        plain.with_name(f"{plain.name}.gz").write_bytes(gzip.compress(plain.read_bytes()))
+        plain.unlink()
     run = {"trace": trace.describe(), "repeats": 1, "sim_config": config.to_dict()}
     (earlier / "comparison.json").write_text(json.dumps({"run": run}))
     out = tmp_path / "again"
@@ -119,9 +129,11 @@ def test_a_config_file_changes_the_recorded_config(tmp_path: Path) -> None:
     assert "--cpu-profile" in by_flag["run"]["command"]
 
 
-def attribute_simulated_run(tmp_path: Path, overlap: bool, factor: float | None) -> dict:
+def attribute_simulated_run(
+    tmp_path: Path, overlap: bool, factor: float | None, gzipped: bool = False
+) -> dict:
     """``validate_again`` with the step record: the real run's attribution."""
-    out, real = validate_again(tmp_path, overlap, factor, record=True)
+    out, real = validate_again(tmp_path, overlap, factor, record=True, gzipped=gzipped)
     attribution = json.loads((out / "attribution.json").read_text())
     assert json.loads((out / "comparison.json").read_text())["attribution"]["file"]
     section = attribution_section(attribution)  # the report's section reads the same file
@@ -189,6 +201,13 @@ def test_a_planted_step_time_error_lands_in_the_step_time_part(tmp_path: Path) -
         assert e["parts"]["step_time_model"]["abs"] == pytest.approx(total, rel=0.02), key
         for p in ("cpu_stages", "scheduling_divergence"):
             assert abs(e["parts"][p]["abs"]) <= 0.02 * abs(total), (key, p)
+
+
+def test_a_gzipped_step_record_attributes_as_the_plain_one(tmp_path: Path) -> None:
+    plain = attribute_simulated_run(tmp_path / "plain", False, 1.2)
+    gzipped = attribute_simulated_run(tmp_path / "gzipped", False, 1.2, gzipped=True)
+    assert gzipped["plans"]["recorded_steps"] > 100
+    assert gzipped == plain
 
 
 def test_a_simulated_cluster_against_itself_prices_each_replica_s_steps_exactly(

@@ -54,7 +54,12 @@ import pandas as pd
 
 from lab.validate.compare import THROUGHPUTS
 from lab.validate.step_errors import format_step_errors, step_errors
-from schema.steprecord import REPLICA_COLUMN, STEP_RECORD_NAME, read_step_record
+from schema.steprecord import (
+    REPLICA_COLUMN,
+    STEP_RECORD_NAME,
+    read_step_record,
+    step_record_in,
+)
 from schema.traces import Trace
 from sim.config import SimConfig
 from sim.costs.base import CpuCosts, GpuCostModel
@@ -179,12 +184,13 @@ def attribute(
     """``attribution.json``: the attribution of each real run (its folder, requests table and
     summary) whose folder holds a step record, and how to read it; a ``note`` names the runs
     without one (and is all there is when none has one)."""
+    records = [step_record_in(f) for f in folders]
     runs = [
-        RealRun(f.name, r, s, read_step_record(f / STEP_RECORD_NAME))
-        for f, r, s in zip(folders, requests, summaries, strict=True)
-        if (f / STEP_RECORD_NAME).is_file()
+        RealRun(f.name, r, s, read_step_record(path))
+        for f, r, s, path in zip(folders, requests, summaries, records, strict=True)
+        if path is not None
     ]
-    lacking = [f.name for f in folders if not (f / STEP_RECORD_NAME).is_file()]
+    lacking = [f.name for f, path in zip(folders, records, strict=True) if path is None]
     missing = f"{', '.join(lacking)} hold(s) no {STEP_RECORD_NAME}"
     if not runs:
         return {"note": f"no error attribution: {missing} (record the server's steps: "
