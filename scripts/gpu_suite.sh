@@ -57,8 +57,9 @@
 #   profile   `engine profile` of the Llama-3.1-8B shape over $LONG_GRID (the committed
 #             profile's grid, and mixed steps inside it) -> OUT_DIR/h200_llama-3.1-8b.csv
 #   ragged    decode steps of 2-32 rows up to 32k tokens, uniform and ragged (one long row among
-#             1k ones), with held-out points of rows at random contexts in between: the committed
-#             profile's third run (scripts/merge_profiles.py) -> OUT_DIR/ragged32k.csv
+#             1k ones), with held-out points of rows at random contexts in between: the cliff
+#             between 16 rows (graph) and 17 (pieces, eager) -> OUT_DIR/ragged32k.csv (not merged
+#             into the committed profile: reports/validate/h200/attribution/, last section)
 #   validate  the profile (the committed grid), then `sim validate` of the Azure conversation
 #             trace against a live server at rate scales $RATES (default "3 5 7", $LIMIT
 #             requests each, default 300);
@@ -326,7 +327,7 @@ for part in $parts; do
         run serve_qwen3 240 python3 scripts/bench_gpu_serve.py --model qwen3-0.6b --port 18200 \
             --out "$out/serve_qwen3.json"
         ;;
-    ragged)  # decodes past the long grid's 16k rows (a 60-request long-prompt trace reaches 29k)
+    ragged)  # decodes past the long grid's 16k rows (the long-prompt traces reach 29-31k)
         run ragged 300 python3 -m lab.cli.engine profile --model llama-3.1-8b --dummy-weights \
             --tokenizer .gpu/tokenizer --device cuda --no-cpu-stages --max-seconds 200 \
             --prefill-tokens 2048 --prefill-prefixes 0 --prefill-chunks 1 \
