@@ -10,14 +10,26 @@ and ``merged_N_grid``; the table fit's errors are those of all the rows. The
 profiles must name the same hardware, model and TP degree. Two machines of one
 kind differ by a few percent (``reports/validate/capacity_h200/``, last
 section): merge runs of one day, and say so where the profile is used.
+
+    python scripts/merge_profiles.py PASS1.csv PASS2.csv [...] --median --out PROFILE.csv
+
+With ``--median`` the profiles are passes of one grid, measured at different
+times (on a shared machine whose speed drifts by tens of percent over an hour,
+passes spread over the hour of the runs they price): each plan (kind, shape,
+split) becomes one row, its time the median of the plan's passes (fastest and
+slowest over all of them, the repeats summed), so that one pass caught on a
+slow minute moves no plan. A plan missing from a pass is the median of the
+passes that have it.
 """
 
 from __future__ import annotations
 
 import argparse
+import statistics
 import sys
 from pathlib import Path
 
+from core.scheduler.shape import StepShape
 from sim.costs.profile import (
     EMPTY_SHAPE,
     Profile,
@@ -56,14 +68,45 @@ def merge(profiles: list[Profile]) -> tuple[dict[str, str], list[ProfileRow]]:
     return info, steps
 
 
+def median_rows(steps: list[ProfileRow]) -> list[ProfileRow]:
+    """One row per plan (kind, shape, TP degree, split) of ``steps``: the median of its rows'
+    times, in the order the plans first appear."""
+    plans: dict[tuple[str, StepShape, int, str], list[ProfileRow]] = {}
+    for row in steps:
+        plans.setdefault((row.kind, row.shape, row.tp, row.split), []).append(row)
+    out = []
+    for (kind, shape, tp, split), rows in plans.items():
+        device = [r.device_s for r in rows if r.device_s is not None]
+        out.append(
+            ProfileRow(
+                kind,
+                shape,
+                tp,
+                statistics.median(r.duration_s for r in rows),
+                min(r.min_s for r in rows),
+                max(r.max_s for r in rows),
+                sum(r.repeats for r in rows),
+                split,
+                statistics.median(device) if len(device) == len(rows) else None,
+            )
+        )
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("profiles", type=Path, nargs="+", help="the first gives CPU rows, provenance")
     p.add_argument("--out", type=Path, required=True)
+    p.add_argument(
+        "--median", action="store_true", help="passes of one grid: each plan the median of its rows"
+    )
     args = p.parse_args(argv)
     try:
         profiles = [read_profile(path) for path in args.profiles]
         info, steps = merge(profiles)
+        if args.median:
+            steps = median_rows(steps)
+            info["passes"] = f"{len(profiles)}, each plan the median of its passes"
         table = TableCostModel(Profile(str(args.out), info, steps), int(info.get("tp", "1")))
     except ProfileError as exc:
         print(f"merge_profiles: {exc}", file=sys.stderr)

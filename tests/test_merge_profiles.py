@@ -6,6 +6,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from core.scheduler.shape import StepShape
 from sim.costs.profile import EMPTY_SHAPE, ProfileRow, read_profile, write_profile
 
@@ -54,3 +56,34 @@ def test_profiles_of_other_models_do_not_merge(tmp_path: Path) -> None:
     done = merge(a, b, "--out", tmp_path / "ab.csv")
     assert done.returncode == 2 and "model" in done.stderr
     assert not (tmp_path / "ab.csv").exists()
+
+
+def test_passes_of_one_grid_give_each_plan_the_median_of_its_passes(tmp_path: Path) -> None:
+    def one_pass(name: str, scale: float, batches: tuple[int, ...]) -> Path:
+        t = [scale * b for b in batches]
+        rows = [
+            ProfileRow("decode", StepShape.decode(b, 100 * b, 100), 1, x, x, x, 1, "fit", 2 * x)
+            for b, x in zip(batches, t, strict=True)
+        ]
+        rows.append(ProfileRow("tokenize", EMPTY_SHAPE, 1, 5e-6, 5e-6, 5e-6, 1))
+        info = {"hardware": "1x H", "model": "m", "date": name, "command": "c", "tp": "1"}
+        write_profile(tmp_path / name, info, rows)
+        return tmp_path / name
+
+    # the third pass caught a slow minute; batch 4 was left out of the second
+    passes = [one_pass("p1.csv", 1e-3, (1, 2, 4)), one_pass("p2.csv", 1.1e-3, (1, 2)),
+              one_pass("p3.csv", 3e-3, (1, 2, 4))]  # fmt: skip
+    out = tmp_path / "median.csv"
+    done = merge(*passes, "--median", "--out", out)
+    assert done.returncode == 0, done.stderr
+    merged = read_profile(out)
+    rows = {r.shape.decode_requests: r for r in merged.steps}
+    assert sorted(rows) == [1, 2, 4]
+    one = rows[1]
+    assert one.duration_s == pytest.approx(1.1e-3) and one.device_time == pytest.approx(2.2e-3)
+    assert (one.min_s, one.max_s, one.repeats) == (pytest.approx(1e-3), pytest.approx(3e-3), 3)
+    assert rows[4].duration_s == pytest.approx(8e-3) and rows[4].repeats == 2
+    assert merged.provenance["passes"].startswith("3,")
+    appended = tmp_path / "appended.csv"
+    assert merge(*passes, "--out", appended).returncode == 0
+    assert len(read_profile(appended).steps) == 8
