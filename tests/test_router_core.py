@@ -136,16 +136,32 @@ def test_prefix_tree_matches_what_each_worker_was_sent(sent: list) -> None:
 
 
 @BUDGET
-@given(st.lists(st.tuples(keys, st.integers(0, 1), st.sampled_from([0.0, 1.0])), max_size=40),
-       st.integers(1, 6))  # fmt: skip
+@given(st.lists(st.tuples(keys, st.integers(0, 1), st.sampled_from([1.0, 4.0, 512.0])),
+                max_size=40), st.integers(1, 6))  # fmt: skip
 def test_prefix_tree_size_bound(sent: list, bound: int) -> None:
+    """Each worker's entries stay within the bound, and its tokens are those of its entries."""
     tree = PrefixTree(1000.0, bound)
-    for i, (key, w, _) in enumerate(sent):
-        tree.insert(key, str(w), float(i))
+    for i, (key, w, item_tokens) in enumerate(sent):
+        tree.insert(key, str(w), float(i), item_tokens)
         for x in ("0", "1"):
-            held = sum(1 for node in tree._nodes() if x in node.tenants)
-            assert held == tree.size.get(x, 0) <= bound
+            held = [node for node in tree._nodes() if x in node.tenants]
+            assert len(held) == tree.size.get(x, 0) <= bound
+            assert tree.tokens.get(x, 0.0) == pytest.approx(sum(n.tokens for n in held))
         assert all(node.tenants or node.children for node in tree._nodes())
+
+
+def test_a_new_prefix_goes_to_the_tree_of_fewer_tokens_not_fewer_entries() -> None:
+    """Worker a holds one trace request of three 512-token blocks (3 entries, 1,536 tokens),
+    worker b one text prompt of 200 chunks of 4 tokens (200 entries, 800 tokens): a prompt
+    that matches neither goes to b, whose tree stands for fewer tokens."""
+    router = Router(RouterConfig(policy="cache_aware"), ["a", "b"])
+    blocks = RouteRequest("r0", (1, 2, 3), input_tokens=1536)
+    text = RouteRequest("r1", tuple(f"chunk{i}" for i in range(200)), input_tokens=800)
+    assert router.route(blocks, 0.0) == "a"
+    assert router.route(text, 0.0) == "b"
+    router.finished("r0", 0.1)
+    router.finished("r1", 0.1)
+    assert router.route(RouteRequest("r2", ("new",), input_tokens=4), 0.2) == "b"
 
 
 def common(a: tuple[object, ...], b: tuple[object, ...]) -> int:

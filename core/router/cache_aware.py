@@ -5,12 +5,16 @@ the least loaded one (``RouterConfig.imbalanced``), take the one whose
 approximate prefix tree matches the longest prefix of the key (ties: the less
 loaded, then the first added). If that match covers more than
 ``cache_threshold`` of the key, send it there ("cache_hit"); else send it to
-the balanced worker whose tree holds the fewest entries, SGLang's "most
+the balanced worker whose tree holds the fewest prompt tokens, SGLang's "most
 available cache capacity" (ties: the less loaded, then the first added;
 "cache_miss"): new prefixes spread over the workers whatever their momentary
-load. Whichever worker gets it, the key goes into that worker's tree. The
-least loaded worker is always balanced, so a request never lands on a worker
-beyond the balance threshold.
+load. A tree's entries are weighed by the tokens they stand for (a request's
+tokens over its key's items), not counted: the server keys text in 16-character
+chunks and a trace's requests by 512-token blocks, and counted entries made the
+two worlds place a conversation's first turn differently
+(``reports/cluster/cpu_routers/``, last section). Whichever worker gets it, the
+key goes into that worker's tree. The least loaded worker is always balanced, so
+a request never lands on a worker beyond the balance threshold.
 """
 
 from __future__ import annotations
@@ -43,12 +47,13 @@ class CacheAware(Policy):
         best = max(balanced, key=lambda w: (matched[w.worker], -w.load(unit)))
         if matched[best.worker] / len(req.key) > self.config.cache_threshold:
             return Decision(best.worker, "cache_hit")
-        roomiest = min(balanced, key=lambda w: (self.tree.size.get(w.worker, 0), w.load(unit)))
+        roomiest = min(balanced, key=lambda w: (self.tree.tokens.get(w.worker, 0.0), w.load(unit)))
         return Decision(roomiest.worker, "cache_miss")
 
     def routed(self, req: RouteRequest, worker: str, now: float) -> None:
         if req.key:
-            self.tree.insert(req.key, worker, now)
+            per_item = req.input_tokens / len(req.key) if req.input_tokens > 0 else 1.0
+            self.tree.insert(req.key, worker, now, per_item)
 
     def forget(self, worker: str) -> None:
         self.tree.remove_worker(worker)

@@ -11,7 +11,10 @@ Invariants:
   ``now`` never goes back), so each worker's entries form a prefix-closed
   subtree, and expiring or evicting the oldest first removes leaves first;
 - ``size[w]`` is the number of nodes holding ``w`` and stays <= ``max_items``
-  after every ``insert``;
+  after every ``insert``; ``tokens[w]`` is the sum of those nodes' ``tokens``, the
+  prompt tokens an item stands for (a key's items differ in unit: a 16-character
+  text chunk is about 4 tokens, a token id 1, a trace block its 512), so that two
+  trees of other units measure the same prompts alike;
 - an entry older than ``ttl`` never counts as a match, swept or not.
 """
 
@@ -26,6 +29,7 @@ class Node:
     parent: Node | None
     item: Hashable
     depth: int
+    tokens: float = 1.0  # the prompt tokens the item stands for
     children: dict[Hashable, Node] = field(default_factory=dict)
     tenants: dict[str, float] = field(default_factory=dict)  # worker -> last use
 
@@ -36,6 +40,7 @@ class PrefixTree:
         self.max_items = max_items
         self.root = Node(None, None, 0)
         self.size: dict[str, int] = {}
+        self.tokens: dict[str, float] = {}
         self.now = float("-inf")
         self._next_sweep = float("-inf")
 
@@ -60,8 +65,11 @@ class PrefixTree:
             node = child
         return lengths
 
-    def insert(self, key: Sequence[Hashable], worker: str, now: float) -> None:
-        """Record that ``key`` was sent to ``worker`` at ``now``; evict if over the bound."""
+    def insert(
+        self, key: Sequence[Hashable], worker: str, now: float, item_tokens: float = 1.0
+    ) -> None:
+        """Record that ``key`` was sent to ``worker`` at ``now``, each new item standing for
+        ``item_tokens`` prompt tokens; evict if over the bound."""
         now = self._advance(now)
         if now >= self._next_sweep:
             self.expire(now)
@@ -69,9 +77,10 @@ class PrefixTree:
         for item in key:
             child = node.children.get(item)
             if child is None:
-                child = node.children[item] = Node(node, item, node.depth + 1)
+                child = node.children[item] = Node(node, item, node.depth + 1, item_tokens)
             if worker not in child.tenants:
                 self.size[worker] = self.size.get(worker, 0) + 1
+                self.tokens[worker] = self.tokens.get(worker, 0.0) + child.tokens
             child.tenants[worker] = now
             node = child
         if self.size.get(worker, 0) > self.max_items:
@@ -90,6 +99,7 @@ class PrefixTree:
             if worker in node.tenants:
                 self._drop(node, worker)
         self.size.pop(worker, None)
+        self.tokens.pop(worker, None)
 
     def items(self) -> int:
         """Nodes in the tree (shared prefixes counted once)."""
@@ -109,6 +119,7 @@ class PrefixTree:
     def _drop(self, node: Node, worker: str) -> None:
         del node.tenants[worker]
         self.size[worker] -= 1
+        self.tokens[worker] -= node.tokens
         while node.parent is not None and not node.tenants and not node.children:
             del node.parent.children[node.item]
             node = node.parent
