@@ -91,6 +91,10 @@ def test_routes_round_robin_streams_and_answers_bad_input(workers: list[Server])
             events = [line for line in r.iter_lines() if line.startswith("data: ")]
         assert events[-1] == "data: [DONE]" and len(events) >= 3
         assert routed(url) == {urls[0]: 2.0, urls[1]: 1.0}
+        # forgotten: round robin starts again from the first worker
+        assert httpx.post(f"{url}/flush_router").json() == {"flushed": True, "workers": 2}
+        assert httpx.post(f"{url}/v1/completions", json=SHORT, timeout=60).status_code == 200
+        assert routed(url) == {urls[0]: 3.0, urls[1]: 1.0}
         bad = httpx.post(f"{url}/v1/completions", content=b"{nope", timeout=10)
         assert bad.status_code == 400 and "not valid JSON" in bad.json()["error"]["message"]
         assert httpx.post(f"{url}/v1/completions", json=[1], timeout=10).status_code == 400

@@ -255,3 +255,21 @@ def test_duplicate_rid_and_unknown_worker_are_errors() -> None:
         router.set_health("zz", Health.DEAD)
     with pytest.raises(ValueError, match="already known"):
         router.add_worker("a")
+
+
+def test_flush_forgets_prefixes_but_keeps_open_requests() -> None:
+    """After ``flush`` a repeated prefix matches nothing (it goes where a new router would
+    send it), while the requests open before it keep their worker and their load."""
+    router = Router(RouterConfig(policy="cache_aware"), ["a", "b"])
+    key = (1, 2, 3, 4)
+    router.route(RouteRequest("r0", (9,), input_tokens=512), 0.0)  # a new prefix: a
+    assert router.route(RouteRequest("r1", key, input_tokens=2048), 0.0) == "b"
+    router.finished("r1", 0.1)
+    assert router.route(RouteRequest("r2", key, input_tokens=2048), 0.2) == "b"  # its match
+    router.finished("r2", 0.3)
+    router.flush()
+    assert router.worker_of("r0") == "a" and router.outstanding == 1
+    # no match now, both trees empty: the less loaded worker, b (a still holds r0)
+    assert router.route(RouteRequest("r3", (7, 7), input_tokens=512), 0.4) == "b"
+    assert router.route(RouteRequest("r4", key, input_tokens=2048), 0.5) == "a"
+    assert router.finished("r0", 0.6) == "a"

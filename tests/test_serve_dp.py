@@ -161,10 +161,22 @@ def test_cache_aware_keeps_a_repeated_prefix_on_one_replica(model_ready: str) ->
             assert httpx.post(f"{s.url}/v1/completions", json=body, timeout=120).is_success
         routed = per_replica(s, "engine_replica_requests_routed_total")
         hits = per_replica(s, "engine_prefix_cache_hits_total")
-    home = max(routed, key=lambda r: routed[r])
-    other = "1" if home == "0" else "0"
+        # the router forgets the prefix: with both trees empty a new prompt takes replica 0,
+        # so the repeated prefix goes to the other replica than before, whichever that was
+        home = max(routed, key=lambda r: routed[r])
+        other = "1" if home == "0" else "0"
+        flushed = httpx.post(f"{s.url}/flush_router", timeout=10)
+        assert flushed.json() == {"flushed": True, "replicas": 2}
+        again = [prefix + "Say bye."]
+        if home == "0":
+            again.insert(0, "An unrelated prompt. " * 8)
+        for prompt in again:
+            body = {"prompt": prompt, "max_tokens": 2, "temperature": 0}
+            assert httpx.post(f"{s.url}/v1/completions", json=body, timeout=120).is_success
+        after = per_replica(s, "engine_replica_requests_routed_total")
     assert routed == {home: 4, other: 0}
     assert hits[home] >= 3 * 32 and hits[other] == 0  # three repeats of a >2-page prefix
+    assert after[other] == 1
 
 
 class Stream(threading.Thread):

@@ -63,8 +63,8 @@ def test_fuzzed_requests_never_get_a_server_error(
     calls = 0
     for result in schema.get_all_operations():
         operation = result.ok()
-        if mode is GenerationMode.NEGATIVE and operation.method.upper() == "GET":
-            continue  # no parameters, nothing to make invalid
+        if mode is GenerationMode.NEGATIVE and not len(operation.body):
+            continue  # no body (the GETs, POST /flush_router), nothing to make invalid
 
         @settings(
             max_examples=EXAMPLES[mode],

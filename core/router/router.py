@@ -62,6 +62,12 @@ class Router:
         self.decisions[decision.reason] += 1
         return decision.worker
 
+    def flush(self) -> None:
+        """Forget the prompts and sessions placed so far: a fresh policy (empty prefix trees,
+        no session pins, round robin from the first worker), as a new router starts. Open
+        requests keep their workers and their load."""
+        self.policy = make_policy(self.config)
+
     def finished(self, rid: str, now: float) -> str | None:
         """``rid`` completed; returns its worker (None if it was not open)."""
         return self.table.end(rid, aborted=False)

@@ -86,6 +86,12 @@ def create_app(service: RouterService) -> web.Application:
                 return web.Response(body=body, status=status, content_type="application/json")
         return error("no healthy worker to list the models", 503)
 
+    async def flush_router(request: web.Request) -> web.Response:
+        """Forget the prompts and sessions placed so far (``core.router.Router.flush``)."""
+        service.core.flush()
+        return web.json_response({"flushed": True, "workers": len(service.core.workers)})
+
+    app.router.add_post("/flush_router", flush_router)
     app.router.add_get("/health", health)
     app.router.add_get("/metrics", get_metrics)
     app.router.add_get("/v1/models", models)

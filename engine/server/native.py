@@ -77,6 +77,17 @@ async def health(request: Request) -> Response:
     return JSONResponse(body)
 
 
+@router.post("/flush_router")
+async def flush_router(request: Request) -> Response:
+    """The router of the replicas forgets the prompts and sessions placed so far (a load
+    generator calls it after its warm-up, so that a measured run starts as a new router
+    would); open requests keep their replicas."""
+    ctx: ServerContext = request.app.state.ctx
+    ctx.authorize(request)
+    ctx.frontend.replicas.core.flush()
+    return JSONResponse({"flushed": True, "replicas": len(ctx.frontend.replicas.core.workers)})
+
+
 @router.get("/metrics")
 async def metrics(request: Request) -> Response:
     ctx: ServerContext = request.app.state.ctx

@@ -36,12 +36,18 @@ class BenchRun:
 
 async def warm_up(client: aiohttp.ClientSession, target: Target, prompts: list[str]) -> None:
     """One short request per prompt, one after the other, before the clock starts (not
-    recorded); an error here means the server cannot be benchmarked."""
+    recorded); an error here means the server cannot be benchmarked. Then ``POST
+    /flush_router``, so that a router in front of replicas (``engine serve --dp N``,
+    ``engine router``) starts the run without the warm-up's prompts (or an earlier run's)
+    in its prefix trees, as the simulated one does."""
     for i, prompt in enumerate(prompts):
         req = TraceRequest(rid=f"warmup-{i}", arrival=0.0, input_length=0, output_length=4)
         record = await send(client, target, req, prompt, time.perf_counter())
         if record.status != "completed":
             raise ServerError(f"{target.url}: the warm-up request failed: {record.reason}")
+    if prompts:  # a router in front of replicas forgets the warm-up (404 elsewhere: nothing to do)
+        async with client.post(f"{target.url}/flush_router", headers=target.headers()) as reply:
+            await reply.read()
 
 
 async def replay(
