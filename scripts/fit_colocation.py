@@ -7,7 +7,9 @@
 The step records are those of ``engine serve --dp N --dp-share-gpu --record-steps
 STEPS.csv`` (one file per replica, or one file with a ``replica`` column as
 ``engine bench --server-steps`` writes it); the profile is the replicas' model
-measured alone on that GPU. ``--run`` adds the records of another run (at another
+measured alone on that GPU. CPU replicas (``engine serve --dp N`` on CPU) share the
+host's cores instead; their records have no device time and their steps count from
+the end of ``schedule`` to ``done``. ``--run`` adds the records of another run (at another
 load: the table is fitted to all runs' steps together). The table (``sim.costs.colocation``) is what
 ``sim replay --colocation FILE`` and ``sim validate --colocation FILE`` read.
 

@@ -329,3 +329,29 @@ def test_the_size_of_the_chunk_beside_a_decode_step_counts_on_the_h200() -> None
     fits = {line.split()[0]: line.split() for line in lines[start:] if "residual RMS" in line}
     assert float(fits["size"][-2]) < 0.6 * float(fits["line"][-2])
     assert float(fits["size"][6]) > 0.2  # ms per ms of the chunk's time alone
+
+
+def test_cpu_replicas_read_back_from_step_records_without_device_time(tmp_path: Path) -> None:
+    """CPU replicas share the host's cores: the strict loop stretches a step from the end of
+    its ``schedule`` to ``done`` and records no device time. A fit of such records (one file
+    with a ``replica`` column, as the simulator and ``engine bench`` write it) reads the
+    stretch back from those intervals."""
+    cpu_profile = ROOT / "profiles" / "cpu-xeon-2core_smollm2-135m.csv"
+    both = Trace(
+        "both", "jsonl", [TraceRequest("a", 0.0, 64, 200), TraceRequest("b", 0.0, 64, 200)]
+    )
+    stretched = table(tmp_path / "t.csv", 1.25, 2.0, 1.3, 2.0)
+    shared = replay(both, stretched, record=True, overlap=False, model="smollm2-135m",
+                    profile=str(cpu_profile))  # fmt: skip
+    assert shared.engine_steps is not None
+    assert shared.engine_steps["device_ms"].isna().all()
+    record = tmp_path / "steps.csv"
+    shared.engine_steps.to_csv(record, index=False)
+    out = tmp_path / "fit.csv"
+    script = str(ROOT / "scripts" / "fit_colocation.py")
+    command = [sys.executable, script, str(record), "--profile", str(cpu_profile),
+               "--model", "smollm2-135m", "--out", str(out)]  # fmt: skip
+    done = subprocess.run(command, capture_output=True, text=True, cwd=ROOT)
+    assert done.returncode == 0, done.stderr
+    fitted = pd.read_csv(out).set_index(["kind", "other"])
+    assert fitted.loc[("decode", "decode"), "stretch"] == pytest.approx(1.25, rel=0.02)

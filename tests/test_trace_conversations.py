@@ -48,6 +48,12 @@ def test_sample_keeps_whole_conversations_in_order(
         assert len(kept) == sum(n for n in turns if n > 1)
     with_single = sample(lines, 1.0, seed, key_blocks=2, keep_single=True)
     assert with_single == lines
+    # --max-input: only conversations whose every prompt fits (turn k's prompt: 512 (k + 2))
+    fitting = sample(lines, fraction, seed, key_blocks=2, keep_single=False, max_input=1536)
+    assert all(json.loads(x)["input_length"] <= 1536 for x in fitting)
+    assert {conversation_key(x, 2) for x in fitting} <= {conversation_key(x, 2) for x in lines}
+    if fraction == 1.0:  # conversations of two turns exactly: prompts of 1,024 and 1,536
+        assert len(fitting) == 2 * sum(1 for n in turns if n == 2)
 
 
 def test_command_writes_a_trace_the_reader_takes(tmp_path: Path) -> None:

@@ -26,7 +26,10 @@ cost model that priced them alone:
 
 - each recorded step's GPU interval: it starts when it was handed to the
   device (``enqueued``) or when the replica's previous step ended, whichever is
-  later, and lasts its ``device_ms``;
+  later, and lasts its ``device_ms``. A CPU engine's record has no device
+  time: its replicas share the host's cores, and a step computes from the end
+  of its ``schedule`` until ``done`` (the time the simulator's strict loop
+  stretches), so the same table measures how CPU replicas slow each other;
 - the other kind of a step is the kind that the other replicas' steps cover
   most of its interval with; a step less than half covered is ``alone``;
 - per (kind, other) group, ``affine`` (the default) fits the recorded device
@@ -158,8 +161,24 @@ def read_colocation(path: Path | str) -> Colocation:
     return table
 
 
+def host_timed(record: pd.DataFrame) -> bool:
+    """Whether a step record has no device time at all: a CPU engine's, whose steps compute
+    on the host from the end of ``schedule`` until ``done``."""
+    return not np.isfinite(record["device_ms"].to_numpy(np.float64)).any()
+
+
+def timed_steps(record: pd.DataFrame) -> pd.DataFrame:
+    """The steps of a record that have a time on the device (a CPU record's: all of them)."""
+    if host_timed(record):
+        return record.reset_index(drop=True)
+    return record[np.isfinite(record["device_ms"].to_numpy(np.float64))].reset_index(drop=True)
+
+
 def gpu_intervals(record: pd.DataFrame) -> tuple[np.ndarray, np.ndarray]:
-    """Each step's (start, end) on the GPU, in step order (see the module docstring)."""
+    """Each step's (start, end) on the GPU, in step order (see the module docstring); a CPU
+    record's, [``schedule_end``, ``done``)."""
+    if host_timed(record):
+        return (record["schedule_end"].to_numpy(np.float64), record["done"].to_numpy(np.float64))
     ready = record["enqueued"].to_numpy(np.float64)
     ready = np.where(np.isfinite(ready), ready, record["launched"].to_numpy(np.float64))
     device = record["device_ms"].to_numpy(np.float64) / 1e3
@@ -279,10 +298,7 @@ def _groups(
     for records in runs:
         if len(records) < 2:
             raise ValueError("a co-location fit needs the step records of two replicas or more")
-        timed = [
-            r[np.isfinite(r["device_ms"].to_numpy(np.float64))].reset_index(drop=True)
-            for r in records
-        ]
+        timed = [timed_steps(r) for r in records]
         if any(not len(r) for r in timed):
             raise ValueError("a co-location fit needs steps timed on the device (device_ms)")
         for key, one_rec, one_mod in zip(*_kinds_beside(timed, gpu), strict=True):
