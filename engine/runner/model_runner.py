@@ -51,6 +51,7 @@ from engine.models.setup import ModelNotFoundError, resolve_model
 from engine.runner.args import RunnerArgs
 from engine.runner.device_step import DeviceStep
 from engine.runner.graphs import DecodeGraphs
+from engine.runner.host_memory import keep_large_blocks
 from engine.runner.inputs import FROM_LAST_SAMPLE, StepInputs, StepOutput
 from engine.runner.layout import StepLayout
 from engine.runner.staging import Staging
@@ -115,6 +116,8 @@ class ModelRunner:
         self.device = device_for(args, tp_rank)
         if self.device.type == "cuda":
             torch.cuda.set_device(self.device)
+        else:  # the decode steps' large host blocks stay with the process
+            keep_large_blocks()
         self.dtype = args.torch_dtype()
         self.config, folder = load_config(args)
         self.eos_token_ids: list[int] = list(self.config.eos_token_ids)
