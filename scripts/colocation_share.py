@@ -37,7 +37,7 @@ sys.path.insert(0, str(ROOT))
 
 from schema.steprecord import read_step_record  # noqa: E402
 from sim.config import build_config  # noqa: E402
-from sim.costs.colocation import KINDS, covered, gpu_intervals, kind_of  # noqa: E402
+from sim.costs.colocation import KINDS, covered, gpu_intervals, kind_of, timed_steps  # noqa: E402
 from sim.costs.recorded import RecordedCostModel  # noqa: E402
 from sim.replay import build_costs  # noqa: E402
 
@@ -51,8 +51,7 @@ def decode_steps(run: Path, profile: str, model: str) -> pd.DataFrame:
     gpu, _ = build_costs(config)
     records = []
     for k in (0, 1):
-        record = read_step_record(run / f"steps.replica{k}.csv.gz")
-        records.append(record[np.isfinite(record["device_ms"])].reset_index(drop=True))
+        records.append(timed_steps(read_step_record(run / f"steps.replica{k}.csv.gz")))
     spans = [gpu_intervals(r) for r in records]
     models = [RecordedCostModel(r, gpu, True).model_device_s for r in records]
     rows = []
