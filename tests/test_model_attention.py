@@ -21,6 +21,7 @@ from hypothesis import strategies as st
 
 from core.scheduler import DecodeSlot, Plan, PrefillChunk
 from engine.attention import get_backend
+from engine.attention.backend import AttentionBackend
 from engine.kvcache import KVPool
 from engine.runner.device_step import DeviceStep
 from engine.runner.inputs import StepInputs
@@ -54,11 +55,23 @@ def _dense(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, pos: int) -> torch
 
 
 @settings(max_examples=40, deadline=None)
-@given(requests=st.lists(request, min_size=1, max_size=5), seed=st.integers(0, 2**16))
-def test_paged_attention_equals_dense(requests: list[tuple[int, int, bool]], seed: int) -> None:
+@given(
+    steps=st.lists(st.lists(request, min_size=1, max_size=5), min_size=1, max_size=3),
+    seed=st.integers(0, 2**16),
+)
+def test_paged_attention_equals_dense(steps: list[list[tuple[int, int, bool]]], seed: int) -> None:
+    """One backend over a few steps of other sizes (it reuses its gather buffers)."""
     gen = torch.Generator().manual_seed(seed)
     pool = KVPool(1, NUM_PAGES, PAGE, KV_HEADS, DIM, torch.float32, torch.device("cpu"))
     backend = get_backend("torch", "cpu", torch.float32, DIM)(pool, Q_HEADS, 1.0 / math.sqrt(DIM))
+    for requests in steps:
+        _step_equals_dense(backend, pool, requests, gen)
+
+
+def _step_equals_dense(
+    backend: AttentionBackend, pool: KVPool, requests: list[tuple[int, int, bool]],
+    gen: torch.Generator,
+) -> None:  # fmt: skip
     free = torch.randperm(NUM_PAGES, generator=gen).tolist()
     prefill: list[PrefillChunk] = []
     decode: list[DecodeSlot] = []
@@ -71,9 +84,9 @@ def test_paged_attention_equals_dense(requests: list[tuple[int, int, bool]], see
         q = torch.randn(length, Q_HEADS, DIM, generator=gen)
         start = length - 1 if is_decode else cached
         if start:
-            table = torch.tensor(pages)
+            page_ids = torch.tensor(pages)
             p = torch.arange(start)
-            pool.write(0, table[p // PAGE] * PAGE + p % PAGE, k[:start], v[:start])
+            pool.write(0, page_ids[p // PAGE] * PAGE + p % PAGE, k[:start], v[:start])
         seqs.append(_Seq(start, q, k, v, is_decode))
         if is_decode:
             decode.append(DecodeSlot(f"r{i}", start, pages))

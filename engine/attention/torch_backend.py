@@ -10,6 +10,13 @@ batch, so that no batch pads a row to more than twice its length (one batch when
 the lengths are close); each batch's contexts are gathered into ``[B, max_len]``
 and the padding is masked. A batch of contexts from 100 to 4,000 tokens padded as
 one would gather about three times the KV it reads.
+
+Every gather lands in one pair of flat buffers (``_Workspace``) that each layer and step
+reuses, grown to the largest gather so far. A fresh pair of tensors per layer would be
+tens of MiB a step at a few thousand tokens of context per request: the host allocator
+serves blocks that large with ``mmap`` and every layer pays their page faults again (a
+SmolLM2 decode step of 32 x 2,049 contexts took 1.74 times as long that way,
+``reports/cpu_host_memory/``).
 """
 
 from __future__ import annotations
@@ -22,6 +29,7 @@ import torch.nn.functional as F
 from core.scheduler.pages import pages_for
 from engine.attention.backend import AttentionBackend, register_backend
 from engine.attention.metadata import AttentionMetadata
+from engine.kvcache.pool import KVPool
 
 
 @dataclass(frozen=True, slots=True)
@@ -45,6 +53,35 @@ class _Decode:
     mask: torch.Tensor | None  # [B, 1, 1, max_len] bool; None when no padding
 
 
+WORKSPACE_GROWTH = 1.5
+"""A workspace too small for a gather grows to at least this many times its size, so that
+contexts growing a token a step do not reallocate it at every step."""
+
+
+class _Workspace:
+    """The flat buffers that gathered K and V land in: ``[slots, kv_heads, D]`` each, as large
+    as the largest gather so far (``WORKSPACE_GROWTH``), kept for the backend's life."""
+
+    def __init__(self) -> None:
+        self.k: torch.Tensor | None = None
+        self.v: torch.Tensor | None = None
+
+    def gather(
+        self, k_pool: torch.Tensor, v_pool: torch.Tensor, slots: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """``k_pool[slots]`` and ``v_pool[slots]``, views of the workspace valid until the
+        next gather."""
+        n = slots.numel()
+        if self.k is None or self.v is None or self.k.shape[0] < n:
+            size = max(n, int(WORKSPACE_GROWTH * (0 if self.k is None else self.k.shape[0])))
+            self.k = self.v = None  # free the old pair before the new one is allocated
+            self.k = k_pool.new_empty((size, *k_pool.shape[1:]))
+            self.v = v_pool.new_empty((size, *v_pool.shape[1:]))
+        ks = torch.index_select(k_pool, 0, slots, out=self.k[:n])
+        vs = torch.index_select(v_pool, 0, slots, out=self.v[:n])
+        return ks, vs
+
+
 def length_buckets(lengths: list[int], growth: float = BUCKET_GROWTH) -> list[list[int]]:
     """Indices of ``lengths`` in ascending order of length, cut into runs whose longest is
     at most ``growth`` times their shortest."""
@@ -60,6 +97,10 @@ def length_buckets(lengths: list[int], growth: float = BUCKET_GROWTH) -> list[li
 @register_backend
 class TorchAttention(AttentionBackend):
     name = "torch"
+
+    def __init__(self, pool: KVPool, num_q_heads: int, scale: float) -> None:
+        super().__init__(pool, num_q_heads, scale)
+        self.workspace = _Workspace()
 
     def prepare(self, meta: AttentionMetadata) -> None:
         ps = meta.page_size
@@ -134,8 +175,7 @@ class TorchAttention(AttentionBackend):
             if chunk.context_slots is None:
                 ks, vs = k[chunk.rows], v[chunk.rows]
             else:
-                ks = k_pool.index_select(0, chunk.context_slots)
-                vs = v_pool.index_select(0, chunk.context_slots)
+                ks, vs = self.workspace.gather(k_pool, v_pool, chunk.context_slots)
             o = F.scaled_dot_product_attention(
                 q[chunk.rows].transpose(0, 1)[None],
                 ks.transpose(0, 1)[None],
@@ -151,8 +191,8 @@ class TorchAttention(AttentionBackend):
             outs = []
             for d in self.decode:
                 shape = (d.batch, d.max_len, k.shape[1], k.shape[2])
-                kd = k_pool.index_select(0, d.slots).view(shape).transpose(1, 2)
-                vd = v_pool.index_select(0, d.slots).view(shape).transpose(1, 2)
+                kd, vd = self.workspace.gather(k_pool, v_pool, d.slots)
+                kd, vd = kd.view(shape).transpose(1, 2), vd.view(shape).transpose(1, 2)
                 qd = q_decode if d.rows is None else q_decode.index_select(0, d.rows)
                 o = F.scaled_dot_product_attention(
                     qd[:, :, None, :], kd, vd, attn_mask=d.mask, scale=self.scale, enable_gqa=True
