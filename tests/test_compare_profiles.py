@@ -9,7 +9,7 @@ from pathlib import Path
 from core.scheduler.shape import StepShape
 from sim.costs.profile import ProfileRow, write_profile
 
-ROOT = Path(__file__).resolve().parents[1]
+SCRIPT = str(Path(__file__).resolve().parents[1] / "scripts" / "compare_profiles.py")
 
 
 def profile(path: Path, seconds: dict[int, float]) -> Path:
@@ -25,9 +25,7 @@ def profile(path: Path, seconds: dict[int, float]) -> Path:
 
 
 def run(*args: object) -> subprocess.CompletedProcess[str]:
-    script = ROOT / "scripts" / "compare_profiles.py"
-    return subprocess.run([sys.executable, str(script), *map(str, args)],
-                          capture_output=True, text=True, cwd=ROOT)  # fmt: skip
+    return subprocess.run([sys.executable, SCRIPT, *map(str, args)], capture_output=True, text=True)
 
 
 def test_each_plan_is_the_median_of_its_pairs_ratios(tmp_path: Path) -> None:

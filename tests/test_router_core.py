@@ -273,3 +273,20 @@ def test_flush_forgets_prefixes_but_keeps_open_requests() -> None:
     assert router.route(RouteRequest("r3", (7, 7), input_tokens=512), 0.4) == "b"
     assert router.route(RouteRequest("r4", key, input_tokens=2048), 0.5) == "a"
     assert router.finished("r0", 0.6) == "a"
+
+
+def test_a_trace_block_key_is_matched_by_its_share_of_the_tokens() -> None:
+    """A conversation's next turn (1,619 tokens, two of its four 512-token blocks cached on
+    worker ``a``) is 63 % matched, over the threshold; counted in blocks it would be 2 of 4."""
+    config = RouterConfig(policy="cache_aware", balance_abs_threshold=100, cache_threshold=0.5)
+    router = Router(config, ["a", "b"])
+    first = RouteRequest("r1", (0, 7, 8), 1153, block_tokens=512)
+    assert router.route(first, 0.0) == "a"
+    assert router.route(RouteRequest("r2", (0, 9), 1024, block_tokens=512), 0.1) == "b"
+    turn = RouteRequest("r3", (0, 7, 10, 11), 1619, block_tokens=512)
+    assert turn.share(2) == pytest.approx(1024 / 1619)
+    assert router.route(turn, 0.2) == "a" and router.decisions["cache_hit"] == 1
+    coarse = Router(config, ["a", "b"])
+    coarse.route(RouteRequest("r1", (0, 7, 8), 1153), 0.0)
+    coarse.route(RouteRequest("r2", (0, 9), 1024), 0.1)
+    assert coarse.route(RouteRequest("r3", (0, 7, 10, 11), 1619), 0.2) == "b"  # 2 of 4 items

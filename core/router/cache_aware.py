@@ -4,7 +4,10 @@ For each request, among the healthy workers whose load is *balanced* against
 the least loaded one (``RouterConfig.imbalanced``), take the one whose
 approximate prefix tree matches the longest prefix of the key (ties: the less
 loaded, then the first added). If that match covers more than
-``cache_threshold`` of the key, send it there ("cache_hit"); else send it to
+``cache_threshold`` of the prompt (``RouteRequest.share``: in tokens for a
+trace's 512-token blocks, whose last one is partial; a share counted in blocks
+sent a conversation's next turn elsewhere than the server, which keys text,
+``reports/cluster/cpu_routers/``), send it there ("cache_hit"); else send it to
 the balanced worker whose tree holds the fewest prompt tokens, SGLang's "most
 available cache capacity" (ties: the less loaded, then the first added;
 "cache_miss"): new prefixes spread over the workers whatever their momentary
@@ -45,7 +48,7 @@ class CacheAware(Policy):
         ]
         matched = self.tree.match(req.key, [w.worker for w in balanced], now)
         best = max(balanced, key=lambda w: (matched[w.worker], -w.load(unit)))
-        if matched[best.worker] / len(req.key) > self.config.cache_threshold:
+        if req.share(matched[best.worker]) > self.config.cache_threshold:
             return Decision(best.worker, "cache_hit")
         roomiest = min(balanced, key=lambda w: (self.tree.tokens.get(w.worker, 0.0), w.load(unit)))
         return Decision(roomiest.worker, "cache_miss")

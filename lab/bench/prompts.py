@@ -24,9 +24,8 @@ import random
 import re
 from typing import Any
 
-from schema.traces.record import TraceRequest
+from schema.traces.record import HASH_BLOCK_TOKENS, TraceRequest
 
-BLOCK_TOKENS = 512
 MAX_WORDS = 4096
 WORD = re.compile(r" [a-z]{2,}")
 
@@ -49,7 +48,7 @@ class PromptMaker:
     def block(self, h: int) -> list[str]:
         words = self._blocks.get(h)
         if words is None:
-            words = self._blocks[h] = self._draw(f"block {h}", BLOCK_TOKENS)
+            words = self._blocks[h] = self._draw(f"block {h}", HASH_BLOCK_TOKENS)
         return words
 
     def text(self, req: TraceRequest) -> str:
@@ -57,7 +56,7 @@ class PromptMaker:
         need = max(req.input_length - self.added, 1)
         words: list[str] = []
         for i, h in enumerate(req.hash_ids):
-            take = min(BLOCK_TOKENS - (self.added if i == 0 else 0), need - len(words))
+            take = min(HASH_BLOCK_TOKENS - (self.added if i == 0 else 0), need - len(words))
             if take <= 0:
                 break
             words += self.block(h)[:take]

@@ -5,6 +5,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
+HASH_BLOCK_TOKENS = 512
+"""The prompt tokens each of a Mooncake trace's ``hash_ids`` stands for (the last one: what is
+left of the prompt)."""
+
 
 class TraceError(ValueError):
     """A trace file that cannot be read as is; the message names the file and line."""

@@ -22,6 +22,7 @@ from pathlib import Path
 import numpy as np
 
 from schema.traces.load import load_trace
+from schema.traces.record import HASH_BLOCK_TOKENS
 
 
 @dataclass(frozen=True, slots=True)
@@ -89,24 +90,20 @@ def arrival_times(
     return np.concatenate([[0.0], np.cumsum(gaps)])
 
 
-BLOCK_TOKENS = 512
-"""Tokens per ``hash_ids`` block (Mooncake's)."""
-
-
 def prefix_blocks(
     rng: np.random.Generator, inputs: np.ndarray, groups: int, prefix_len: str
 ) -> list[list[int]]:
     """``hash_ids`` of each prompt: its group's shared prefix blocks, then blocks of its own."""
     if groups < 1:
         raise ValueError(f"prefix groups must be >= 1, got {groups}")
-    shared = LengthSpec.parse(prefix_len).sample(rng, groups, "input") // BLOCK_TOKENS
+    shared = LengthSpec.parse(prefix_len).sample(rng, groups, "input") // HASH_BLOCK_TOKENS
     starts = np.concatenate([[0], np.cumsum(shared)])
     fresh = int(starts[-1])
     group_of = rng.integers(groups, size=len(inputs))
     ids: list[list[int]] = []
     for length, g in zip(inputs.tolist(), group_of.tolist(), strict=True):
-        blocks = -(-length // BLOCK_TOKENS)
-        common = min(int(shared[g]), length // BLOCK_TOKENS)
+        blocks = -(-length // HASH_BLOCK_TOKENS)
+        common = min(int(shared[g]), length // HASH_BLOCK_TOKENS)
         own = blocks - common
         ids.append([*range(int(starts[g]), int(starts[g]) + common), *range(fresh, fresh + own)])
         fresh += own

@@ -11,8 +11,9 @@ SimPy environment::
 - A request reaches the router at its trace arrival time (the clock lands as
   ``sim.model.frontend.front_times`` lands it) and is placed with the load the
   router's books hold then: the requests routed and not yet ended. Its key for
-  ``cache_aware`` is the trace's ``hash_ids`` (512-token blocks), its tokens the
-  trace's input and output lengths; traces carry no session.
+  ``cache_aware`` is the trace's ``hash_ids`` (512-token blocks, a match counted in
+  tokens: ``RouteRequest.block_tokens``), its tokens the trace's input and output
+  lengths; traces carry no session.
 - The replica's frontend and tokenizer pool time the request as it is placed
   (``FrontQueue``: the recurrences of ``front_times``, so one replica gives the
   closed form's times); it reaches that replica's scheduler at ``sched_arrival``.
@@ -43,6 +44,7 @@ import numpy as np
 import simpy
 
 from core.router import Router, RouteRequest
+from schema.traces.record import HASH_BLOCK_TOKENS
 from sim.costs.base import CpuCosts, GpuCostModel
 from sim.costs.colocation import Colocation
 from sim.model.frontend import FrontQueue, Leave, Streamed, queue_samples
@@ -199,7 +201,10 @@ class Cluster:
             if r.arrival > env.now:
                 yield env.timeout(r.arrival - env.now)
             now = env.now
-            request = RouteRequest(r.rid, tuple(r.hash_ids), r.input_length, r.output_length)
+            request = RouteRequest(
+                r.rid, tuple(r.hash_ids), r.input_length, r.output_length,
+                block_tokens=HASH_BLOCK_TOKENS,
+            )  # fmt: skip
             k = self._by_name[router.route(request, now)]
             replica_of[i] = k
             self.replicas[k].enter(i, now)

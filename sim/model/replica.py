@@ -38,7 +38,7 @@ from core.scheduler.shape import StepShape
 from schema.metrics import SERVER_TOKEN_COLUMNS, TIME_COLUMNS
 from schema.steplog import StepLog
 from schema.tables import MemoryTable, TableWriter
-from schema.traces.record import TraceRequest
+from schema.traces.record import HASH_BLOCK_TOKENS, TraceRequest
 from sim.costs.base import CpuCosts, GpuCostModel
 from sim.model.delivery import RequestTotals, TokenDelivery
 from sim.model.frontend import Leave, Streamed
@@ -176,7 +176,7 @@ class Replica:
                 max_new_tokens=tr.output_length,
                 arrival=tr.arrival,
                 block_hashes=list(tr.hash_ids),
-                block_size=512,
+                block_size=HASH_BLOCK_TOKENS,
                 priority=tr.priority,
                 expected_output_len=tr.output_length,
             )
