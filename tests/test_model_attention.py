@@ -13,6 +13,7 @@ from __future__ import annotations
 import itertools
 import math
 from typing import NamedTuple
+from unittest.mock import patch
 
 import numpy as np
 import torch
@@ -20,7 +21,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from core.scheduler import DecodeSlot, Plan, PrefillChunk
-from engine.attention import get_backend
+from engine.attention import get_backend, torch_backend
 from engine.attention.backend import AttentionBackend
 from engine.kvcache import KVPool
 from engine.runner.device_step import DeviceStep
@@ -58,14 +59,19 @@ def _dense(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, pos: int) -> torch
 @given(
     steps=st.lists(st.lists(request, min_size=1, max_size=5), min_size=1, max_size=3),
     seed=st.integers(0, 2**16),
+    row_block=st.sampled_from([1, 3, 128]),
 )
-def test_paged_attention_equals_dense(steps: list[list[tuple[int, int, bool]]], seed: int) -> None:
-    """One backend over a few steps of other sizes (it reuses its gather buffers)."""
+def test_paged_attention_equals_dense(
+    steps: list[list[tuple[int, int, bool]]], seed: int, row_block: int
+) -> None:
+    """One backend over a few steps of other sizes (it reuses its gather buffers); a chunk
+    after a cached prefix in blocks of ``row_block`` rows."""
     gen = torch.Generator().manual_seed(seed)
     pool = KVPool(1, NUM_PAGES, PAGE, KV_HEADS, DIM, torch.float32, torch.device("cpu"))
     backend = get_backend("torch", "cpu", torch.float32, DIM)(pool, Q_HEADS, 1.0 / math.sqrt(DIM))
-    for requests in steps:
-        _step_equals_dense(backend, pool, requests, gen)
+    with patch.object(torch_backend, "PREFIX_ROW_BLOCK", row_block):
+        for requests in steps:
+            _step_equals_dense(backend, pool, requests, gen)
 
 
 def _step_equals_dense(

@@ -4,7 +4,8 @@ The reference backend, and the CPU path. Prefill chunks run one sequence at a
 time: a chunk that starts at position 0 attends to its own K/V with a causal
 mask; a later chunk (chunked prefill or a prefix-cache hit) gathers its whole
 context from the pool and masks key ``j`` for query ``i`` unless
-``j <= start + i``. Decode rows run as padded batches: sorted by context length
+``j <= start + i``, in blocks of rows (``PREFIX_ROW_BLOCK``) that each read the
+keys up to their own last row. Decode rows run as padded batches: sorted by context length
 and cut wherever a row's context passes ``BUCKET_GROWTH`` times the first of its
 batch, so that no batch pads a row to more than twice its length (one batch when
 the lengths are close); each batch's contexts are gathered into ``[B, max_len]``
@@ -42,6 +43,12 @@ class _Chunk:
 BUCKET_GROWTH = 2
 """A decode batch ends before the first row whose context exceeds this many times its
 first row's (rows sorted by context)."""
+
+
+PREFIX_ROW_BLOCK = 256
+"""A chunk after a cached prefix attends in blocks of this many rows, each over the keys up to
+its own last row: one call over the whole context would compute every row against the
+chunk's later keys too, and hold a ``[heads, rows, context]`` score block at once."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -172,20 +179,15 @@ class TorchAttention(AttentionBackend):
         k_pool, v_pool = self.pool.flat(layer)
         parts: list[torch.Tensor] = []
         for chunk in self.chunks:
-            if chunk.context_slots is None:
-                ks, vs = k[chunk.rows], v[chunk.rows]
-            else:
-                ks, vs = self.workspace.gather(k_pool, v_pool, chunk.context_slots)
-            o = F.scaled_dot_product_attention(
-                q[chunk.rows].transpose(0, 1)[None],
-                ks.transpose(0, 1)[None],
-                vs.transpose(0, 1)[None],
-                attn_mask=chunk.mask,
-                is_causal=chunk.mask is None,
-                scale=self.scale,
-                enable_gqa=True,
-            )
-            parts.append(o[0].transpose(0, 1))
+            if chunk.context_slots is None or chunk.mask is None:
+                parts.append(self._attend(q[chunk.rows], k[chunk.rows], v[chunk.rows], None))
+                continue
+            ks, vs = self.workspace.gather(k_pool, v_pool, chunk.context_slots)
+            qs, start = q[chunk.rows], ks.shape[0] - (chunk.rows.stop - chunk.rows.start)
+            for r0 in range(0, qs.shape[0], PREFIX_ROW_BLOCK):  # keys up to each block's last row
+                r1 = min(r0 + PREFIX_ROW_BLOCK, qs.shape[0])
+                n = start + r1
+                parts.append(self._attend(qs[r0:r1], ks[:n], vs[:n], chunk.mask[r0:r1, :n]))
         if self.decode:
             q_decode = q[self.first_decode_row :]
             outs = []
@@ -203,3 +205,19 @@ class TorchAttention(AttentionBackend):
             else:
                 parts.append(torch.cat(outs).index_select(0, self.decode_order))
         return parts[0] if len(parts) == 1 else torch.cat(parts)
+
+    def _attend(
+        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None
+    ) -> torch.Tensor:
+        """Rows ``q`` ``[L, heads, D]`` over ``k``/``v`` ``[S, kv_heads, D]``: with ``mask``
+        ``[L, S]``, or causal when there is none."""
+        o = F.scaled_dot_product_attention(
+            q.transpose(0, 1)[None],
+            k.transpose(0, 1)[None],
+            v.transpose(0, 1)[None],
+            attn_mask=mask,
+            is_causal=mask is None,
+            scale=self.scale,
+            enable_gqa=True,
+        )
+        return o[0].transpose(0, 1)
