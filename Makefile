@@ -8,7 +8,7 @@ PY     := $(VENV)/bin/python
 PIP    := $(PY) -m pip
 STAMP  := $(VENV)/.installed
 
-.PHONY: install demo test lint typecheck architecture deadcode pytest model clean
+.PHONY: install demo test lint typecheck architecture deadcode docs pytest model clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -25,12 +25,12 @@ model: $(STAMP)
 	$(VENV)/bin/engine setup --model smollm2-135m
 
 demo: $(STAMP)
-	$(VENV)/bin/sim replay traces/azure_conv.csv --overlap --slo-ttft-ms 300 --slo-tpot-ms 10 --out out/demo
+	$(VENV)/bin/sim replay traces/azure_conv.csv --slo-ttft-ms 300 --slo-tpot-ms 10 --out out/demo
 	@echo "report: out/demo/report.html"
 
 lint: $(STAMP)
-	$(VENV)/bin/ruff check lab engine sim core schema tests scripts
-	$(VENV)/bin/ruff format --check lab engine sim core schema tests scripts
+	$(VENV)/bin/ruff check lab engine sim core schema tests scripts benchmarks
+	$(VENV)/bin/ruff format --check lab engine sim core schema tests scripts benchmarks
 
 typecheck: $(STAMP)
 	$(VENV)/bin/mypy
@@ -46,7 +46,11 @@ deadcode: $(STAMP)
 pytest: $(STAMP) model
 	$(VENV)/bin/pytest -q
 
-test: lint typecheck architecture deadcode pytest
+# the reference pages in docs/ (mkdocs.yml), warnings as errors
+docs: $(STAMP)
+	$(VENV)/bin/mkdocs build --strict --quiet
+
+test: lint typecheck architecture deadcode docs pytest
 
 clean:
 	rm -rf $(VENV) out .pytest_cache .mypy_cache .ruff_cache .hypothesis

@@ -15,6 +15,7 @@ from typing import Any
 import pandas as pd
 
 from lab.report import write_report
+from lab.report.plotlyjs import INLINE, PlotlyJs
 from schema.jsonsafe import json_safe
 from schema.run import RunResult
 from schema.steprecord import STEP_RECORD_NAME
@@ -52,10 +53,12 @@ def write_outputs(
     report: bool = True,
     steps: str = "csv",
     written: frozenset[str] = frozenset(),
+    plotlyjs: PlotlyJs = INLINE,
 ) -> dict[str, Any]:
     """Write the output files, but for the tables already ``written`` as the run went
     (``requests``, ``steps``); return the summary (with the verdict when a report was made:
-    the report reads the request and step tables in memory)."""
+    the report reads the request and step tables in memory; ``plotlyjs``: how it loads
+    plotly.js)."""
     out_dir.mkdir(parents=True, exist_ok=True)
     if "requests" not in written:
         write_csv(result.requests, out_dir / REQUESTS_NAME)
@@ -65,7 +68,7 @@ def write_outputs(
     summary = result.summary
     if report:
         verdict = write_report(
-            out_dir, summary, result.requests, result.steps, result.queues, result.itl_s
+            out_dir, summary, result.requests, result.steps, result.queues, result.itl_s, plotlyjs
         )
         summary["bottleneck"] = json_safe(verdict)
     (out_dir / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")

@@ -1,6 +1,8 @@
 """The shape of a Llama-family model (Llama, Qwen2, Qwen3), read from an HF config.json.
 
-Presets give real shapes without any file, for dummy-weight runs and cost models.
+Presets give real shapes without any file, for dummy-weight runs and cost models: the
+engine builds its model from a ``ModelConfig`` and the simulator prices steps and sizes
+its KV pages from the same one (``sim.costs.presets.model_shape``).
 """
 
 from __future__ import annotations
@@ -85,8 +87,30 @@ class ModelConfig:
         embed = self.vocab_size * h * (1 if self.tie_word_embeddings else 2)
         return self.num_layers * per_layer + embed + h
 
-    def kv_bytes_per_token(self, dtype_bytes: int, tp_size: int = 1) -> int:
-        """KV-cache bytes one token takes on one rank (K and V, all layers)."""
+    @property
+    def layer_params(self) -> int:
+        """Matmul parameters of one layer (norm weights and biases are negligible and left
+        out): what a token's pass through the layer multiplies by."""
+        h, d = self.hidden_size, self.head_dim
+        q_o = 2 * h * self.num_heads * d
+        k_v = 2 * h * self.num_kv_heads * d
+        return q_o + k_v + 3 * h * self.intermediate_size
+
+    @property
+    def embedding_params(self) -> int:
+        return self.vocab_size * self.hidden_size
+
+    @property
+    def weights_read_per_step(self) -> int:
+        """Parameters a forward pass reads in full: every layer and the LM head. The input
+        embedding is a row lookup, so only the LM head's copy of the vocabulary matrix counts
+        (tied or not)."""
+        return self.num_layers * self.layer_params + self.embedding_params
+
+    def kv_bytes_per_token(self, dtype_bytes: float, tp_size: int = 1) -> float:
+        """KV-cache bytes one token takes on the fullest rank of ``tp_size`` (K and V, all
+        layers; ``schema.sharding`` splits the KV heads): the engine sizes its pool by it and
+        the simulator its pages."""
         kv_local = max(
             head_partition(self.num_heads, self.num_kv_heads, tp_size, r).kv_count
             for r in range(tp_size)

@@ -40,14 +40,14 @@
 #   tier      the host KV tier: `sim validate` of a trace whose shared prefixes outgrow a small
 #             device pool, with the tier off and on ($TIER_GB, $TIER_PAGES, $TIER_RATE; or
 #             $TIER_TRACE with $TIER_LIMIT requests at $TIER_SCALE, e.g. a conversation sample of
-#             the Mooncake trace, scripts/trace_conversations.py; $TIER_SERVE_ARGS: more server
+#             the Mooncake trace, `sim trace conversations`; $TIER_SERVE_ARGS: more server
 #             flags); the server records its steps
 #   scatter   steps with every decode row under 8,192 tokens, each plan's pages contiguous
 #             and then scattered over the pool as serving leaves them (engine profile
 #             --scatter-pages; on 28 such plans the two agreed within 1.6 %,
-#             reports/validate/capacity_h200/, last section)
+#             reports/validate_h200/)
 #   tokcopy   the tokenizer's speed alone, beside 48 GB of pinned memory, and beside 1 GB
-#             host-to-device copies in a loop (scripts/bench_tokenize_beside_copies.py)
+#             host-to-device copies in a loop (benchmarks/gpu/tokenize_beside_copies.py)
 #   split     single steps with long decodes, a step's decode rows planned apart from its
 #             prefill chunk (and long ones cut into pieces) against all on the prefill wrapper
 #             ($SPLIT_VARIANTS, default "0 1 0 1"; SPLIT_EAGER=1: once more without CUDA graphs)
@@ -59,7 +59,7 @@
 #   ragged    decode steps of 2-32 rows up to 32k tokens, uniform and ragged (one long row among
 #             1k ones), with held-out points of rows at random contexts in between: the cliff
 #             between 16 rows (graph) and 17 (pieces, eager) -> OUT_DIR/ragged32k.csv (not merged
-#             into the committed profile: reports/validate/h200/attribution/, last section)
+#             into the committed profile: reports/validate_h200/)
 #   validate  the profile (the committed grid), then `sim validate` of the Azure conversation
 #             trace against a live server at rate scales $RATES (default "3 5 7", $LIMIT
 #             requests each, default 300);
@@ -75,7 +75,7 @@ RATES=${RATES:-3 5 7}
 # steps inside the grid (8-128 decode rows of 1k-16k each, after 0-32k of prefix: at the edge of
 # capacity a request waits on such steps, and a profile without them priced them 13 % low), and
 # ragged rows on both sides of 8,192 tokens, past which FlashInfer plans a row apart or cuts it
-# (reports/validate/capacity_h200/, last section); about 620 plans, 330 s to time them
+# (reports/validate_h200/); about 620 plans, 330 s to time them
 LONG_GRID="--prefill-prefixes 0,4096,16384,32768 --decode-contexts 256,1024,4096,16384
     --mixed-prefixes 0,4096,32768 --mixed-batches 8,32,64,128 --mixed-contexts 1024,4096,16384
     --ragged-longest 4096,16384"
@@ -127,42 +127,42 @@ for part in $parts; do
     esac
     case $part in
     probe)
-        run probe 120 python3 scripts/gpu_capture_probe.py --max-bs 16
-        run probe_no_pdl 120 python3 scripts/gpu_capture_probe.py --max-bs 16 --no-pdl
+        run probe 120 python3 benchmarks/gpu/capture_probe.py --max-bs 16
+        run probe_no_pdl 120 python3 benchmarks/gpu/capture_probe.py --max-bs 16 --no-pdl
         ;;
     tests)
         run tests 420 python3 -m pytest -q -x -p no:cacheprovider tests/test_gpu_engine.py \
             tests/test_fused_rope.py tests/test_decode_pieces.py
         ;;
     runner)
-        run runner 300 python3 scripts/bench_gpu_runner.py --out "$out/runner_llama8b.json" \
+        run runner 300 python3 benchmarks/gpu/runner.py --out "$out/runner_llama8b.json" \
             --profile-dir "$out"
         ;;
     runner_tp2)
         if [ "$gpus" -ge 2 ]; then
-            run runner_tp2 300 python3 scripts/bench_gpu_runner.py --tp 2 --skip-prefill \
+            run runner_tp2 300 python3 benchmarks/gpu/runner.py --tp 2 --skip-prefill \
                 --batches 1,16,64,256 --contexts 1024 --out "$out/runner_llama8b_tp2.json"
         else
             echo "runner_tp2: needs two GPUs, $gpus here"
         fi
         ;;
     ab)  # AB_VARIANTS=base,fused,base,fused: each variant twice in one run, for the spread
-        run runner_ab 360 python3 scripts/bench_gpu_runner.py --variants "${AB_VARIANTS:-base,fused}" \
+        run runner_ab 360 python3 benchmarks/gpu/runner.py --variants "${AB_VARIANTS:-base,fused}" \
             --contexts 1024 --out "$out/runner_ab_llama8b.json" --profile-dir "$out"
-        run runner_ab_qwen3 200 python3 scripts/bench_gpu_runner.py --model qwen3-0.6b \
+        run runner_ab_qwen3 200 python3 benchmarks/gpu/runner.py --model qwen3-0.6b \
             --variants "${AB_VARIANTS:-base,fused}" --contexts 1024 --skip-prefill \
             --out "$out/runner_ab_qwen3.json"
         ;;
     interactive)
-        run interactive 330 python3 scripts/bench_gpu_interactive.py --variants base,fused \
+        run interactive 330 python3 benchmarks/gpu/interactive.py --variants base,fused \
             --runner-steps --out "$out/interactive_llama8b.json"
-        run interactive_qwen3 240 python3 scripts/bench_gpu_interactive.py --model qwen3-0.6b \
+        run interactive_qwen3 240 python3 benchmarks/gpu/interactive.py --model qwen3-0.6b \
             --port 18600 --variants base,fused --runner-steps --out "$out/interactive_qwen3.json"
         ;;
-    overlap) run overlap 300 python3 scripts/bench_gpu_overlap.py --out "$out/overlap.json" ;;
+    overlap) run overlap 300 python3 benchmarks/gpu/overlap.py --out "$out/overlap.json" ;;
     attribution)  # sim validate with the engine's step record: three traces, three loads each
         # ATTR_RUNS: NAME:TRACE:LIMIT:SCALE ... (scales near 50/80/100 % of capacity, see
-        # reports/validate/h200/attribution/README.md); the two derived traces are made here.
+        # reports/validate_h200/README.md); the derived traces are made here.
         python3 -m lab.cli.sim gen --arrival gamma --cv 1.5 --rate 1.0 --input uniform:2048:28672 \
             --output uniform:32:512 --num 200 --prefix-groups 6 --prefix-len uniform:2048:12288 \
             --seed 7 --out build/long_prefix.jsonl
@@ -172,7 +172,7 @@ for part in $parts; do
         python3 -m lab.cli.sim gen --arrival gamma --cv 1.5 --rate 1.0 --input uniform:6144:30720 \
             --output uniform:64:448 --num 200 --prefix-groups 8 --prefix-len uniform:1024:8192 \
             --seed 59 --out build/long_heldout.jsonl
-        python3 scripts/trace_window.py traces/azure_code.csv --skip 3345 --limit 300 \
+        python3 -m lab.cli.sim trace window traces/azure_code.csv --skip 3345 --limit 300 \
             --out build/azure_code_busy.csv
         pid=$(serve_bg 18500 "$out/attribution_server.log" --max-prefill-tokens 2048 \
             --record-steps "$out/engine_steps_all.csv")
@@ -294,15 +294,15 @@ for part in $parts; do
                 $([ "$pages" = scattered ] && echo --scatter-pages) --out "$out/scatter_$pages.csv"
         done
         ;;
-    tokcopy) run tokcopy 300 python3 scripts/bench_tokenize_beside_copies.py \
+    tokcopy) run tokcopy 300 python3 benchmarks/gpu/tokenize_beside_copies.py \
         --tokenizer .gpu/tokenizer --out "$out/tokcopy.json" ;;
     fastmax)  # FlashInfer's plan() with and without the tensor max, each twice in one run
-        run fastmax_runner 300 python3 scripts/bench_gpu_runner.py --skip-prefill \
+        run fastmax_runner 300 python3 benchmarks/gpu/runner.py --skip-prefill \
             --variants fused,slow-max,fused,slow-max --batches 1,64,256 --contexts 1024 \
             --out "$out/fastmax_runner_llama8b.json"
         for v in 1 0; do
             SERVELAB_FLASHINFER_FAST_MAX=$v run "fastmax_overlap_$v" 150 \
-                python3 scripts/bench_gpu_overlap.py --batch 256 --out "$out/fastmax_overlap_$v.json"
+                python3 benchmarks/gpu/overlap.py --batch 256 --out "$out/fastmax_overlap_$v.json"
         done
         ;;
     split)  # decode rows planned apart from the chunk (long ones cut into pieces) or not, twice each
@@ -319,12 +319,12 @@ for part in $parts; do
         done
         ;;
     serve)
-        run serve_llama 300 python3 scripts/bench_gpu_serve.py --model llama-3.1-8b \
+        run serve_llama 300 python3 benchmarks/gpu/serve.py --model llama-3.1-8b \
             --out "$out/serve_llama8b.json"
-        run serve_llama_no_overlap 240 python3 scripts/bench_gpu_serve.py --model llama-3.1-8b \
+        run serve_llama_no_overlap 240 python3 benchmarks/gpu/serve.py --model llama-3.1-8b \
             --hf-batch 0 --port 18300 --out "$out/serve_llama8b_no_overlap.json" \
             --serve-args --no-overlap
-        run serve_qwen3 240 python3 scripts/bench_gpu_serve.py --model qwen3-0.6b --port 18200 \
+        run serve_qwen3 240 python3 benchmarks/gpu/serve.py --model qwen3-0.6b --port 18200 \
             --out "$out/serve_qwen3.json"
         ;;
     ragged)  # decodes past the long grid's 16k rows (the long-prompt traces reach 29-31k)

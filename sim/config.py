@@ -2,11 +2,10 @@
 
 Defaults model Llama-3.1-8B in bf16 on one H200. Unless ``num_pages`` or
 ``kv_memory_gb`` is given, the KV cache gets what is left of each GPU after the
-weights, within ``gpu_memory_fraction`` (0.9, vLLM's default
-``gpu_memory_utilization``; the rest is headroom for activations and the CUDA
-context):
+weights, within ``mem_fraction`` (0.85, the engine's ``--mem-fraction``; the rest
+is headroom for activations and the CUDA context):
 
-    kv bytes per GPU = hbm * gpu_memory_fraction - weight bytes / tp
+    kv bytes per GPU = hbm * mem_fraction - weight bytes / tp
     num_pages        = kv bytes per GPU // (page_size * KV bytes per token per GPU)
 
 The host KV tier (``host_kv_gb``, per GPU as the engine's is per rank) is sized
@@ -16,7 +15,10 @@ Step times: ``build_config`` (every command) prices steps with the ``table``
 model of the committed profile of the model on the hardware
 (``sim.costs.committed``) unless a profile or a cost model is asked for, and
 with the ``roofline`` when no such profile is committed;
-``cost_model_by_default`` records that choice.
+``cost_model_by_default`` records that choice. Unless ``overlap`` is given, it
+simulates the scheduling loop the profile's engine runs: overlapped for a
+profile measured on CUDA, the strict loop for one measured on CPU or without a
+profile (``overlap_by_default`` records that choice).
 """
 
 from __future__ import annotations
@@ -31,10 +33,11 @@ from typing import Any
 from core.router import RouterConfig
 from core.router.options import ROUTER_KEYS, pop_router_config, router_keys
 from core.scheduler import POLICIES, SchedulerConfig
+from core.settings import mem_fraction_setting
 from sim.costs import CostSpec, Profile
 from sim.costs.committed import committed_profile
 from sim.costs.presets import DTYPE_BYTES, hardware, model_shape
-from sim.costs.profile import display_path
+from sim.costs.profile import display_path, profile_device
 
 SECTIONS = ("scheduler", "model", "costs", "pipeline")
 SCHEDULER_KEYS = frozenset(f.name for f in fields(SchedulerConfig))
@@ -50,7 +53,7 @@ class SimConfig:
     tp: int = 1
     dtype: str = "bf16"
     kv_dtype: str = "bf16"
-    gpu_memory_fraction: float = 0.9
+    mem_fraction: float = mem_fraction_setting()  # declared once, for the engine too
     # scheduler: the core's settings, and the KV memory that sizes num_pages when it is None
     scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
     kv_memory_gb: float | None = None  # KV cache bytes per GPU, in 1e9 bytes
@@ -62,9 +65,10 @@ class SimConfig:
     # profile's, else the committed profiles/cpu_costs.csv)
     # pipeline
     num_tokenizers: int = 1
-    overlap: bool = (
-        False  # overlap scheduling: plan step N+1 while step N runs (sim.model.scheduler_loop)
-    )
+    # overlap scheduling: plan step N+1 while step N runs (sim.model.scheduler_loop);
+    # build_config sets it to the loop the profile's engine runs unless asked
+    overlap: bool = False
+    overlap_by_default: bool = False  # build_config chose overlap, unasked
     fast_forward: bool = True
     max_run_steps: int = 4096
     slo_ttft_ms: float | None = None
@@ -82,7 +86,7 @@ class SimConfig:
     # request's intake waits behind the chunks streamed before it (sim.model.frontend).
     # Off (two separate queues) by default: at a chunk's true cost (~25 us on an H200
     # host) it moved no validated P50/P90 by more than 1 point (one P99 by 3.6) and costs
-    # 1.18x the wall time (reports/validate/h200/attribution/, last section)
+    # 1.18x the wall time (reports/validate_h200/, reports/sim_speed/)
     frontend_loop: bool = False
 
     def __post_init__(self) -> None:
@@ -99,8 +103,8 @@ class SimConfig:
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"{name} must be a positive integer, got {value!r}")
-        if not 0 < self.gpu_memory_fraction <= 1:
-            raise ValueError("gpu_memory_fraction must be in (0, 1]")
+        if not 0 < self.mem_fraction <= 1:
+            raise ValueError("mem_fraction must be in (0, 1]")
         if self.kv_memory_gb is not None and not self.kv_memory_gb > 0:
             raise ValueError("kv_memory_gb must be > 0")
         for name in ("slo_ttft_ms", "slo_tpot_ms"):
@@ -109,9 +113,7 @@ class SimConfig:
                 raise ValueError(f"{name} must be > 0")
 
     def kv_bytes_per_token_per_gpu(self) -> float:
-        m = model_shape(self.model)
-        per_rank_heads = math.ceil(m.kv_heads / self.tp)
-        return m.kv_bytes_per_token(self.kv_dtype) * per_rank_heads / m.kv_heads
+        return model_shape(self.model).kv_bytes_per_token(DTYPE_BYTES[self.kv_dtype], self.tp)
 
     def resolved_num_pages(self) -> int:
         """KV pages per the rules in the module docstring."""
@@ -122,8 +124,8 @@ class SimConfig:
             kv_bytes = self.kv_memory_gb * 1e9
         else:
             m = model_shape(self.model)
-            weights = m.params * DTYPE_BYTES[self.dtype] / self.tp
-            kv_bytes = hardware(self.hardware).hbm_bytes * self.gpu_memory_fraction - weights
+            weights = m.num_params * DTYPE_BYTES[self.dtype] / self.tp
+            kv_bytes = hardware(self.hardware).hbm_bytes * self.mem_fraction - weights
         pages = int(kv_bytes // page_bytes)
         if pages < 1:
             raise ValueError(
@@ -161,6 +163,10 @@ class SimConfig:
         if self.profile:
             return f"by default: the committed profile of {what} (the roofline on request)"
         return f"by default: no profile of {what} is committed, so the roofline"
+
+    def overlap_choice(self) -> str:
+        """Which scheduling loop runs and why, in words (the summary's ``overlap``)."""
+        return overlap_choice(self.overlap, self.overlap_by_default, self.profile)
 
     def to_dict(self) -> dict[str, Any]:
         """Flat keys, as a config file gives them, and the page count they resolve to."""
@@ -205,7 +211,30 @@ def build_config(file: Path | str | None = None, /, **overrides: Any) -> SimConf
         values.setdefault("cost_model", "table")
     elif values.get("cost_model", "table") == "table":
         _default_costs(values)
+    if "overlap" not in values:
+        values["overlap"] = engine_overlaps(values.get("profile"))
+        values["overlap_by_default"] = True
     return SimConfig.from_flat(**values)
+
+
+def overlap_choice(overlap: bool, by_default: bool, profile: str | None) -> str:
+    """``on`` or ``off``, and why: as requested, or the loop of the profile's engine."""
+    state = "on" if overlap else "off"
+    if not by_default:
+        return f"{state} (as requested)"
+    if overlap:
+        return f"{state} (the profile's engine runs it on cuda; --no-overlap: the strict loop)"
+    if profile:
+        return f"{state} (the profile's engine runs the strict loop on its device; --overlap)"
+    return f"{state} (no profile names an engine to follow: the strict loop; --overlap)"
+
+
+def engine_overlaps(profile: str | None) -> bool:
+    """Whether the engine a profile was measured on overlaps scheduling by default: it does on
+    CUDA (``engine serve --overlap``'s default), not on CPU; no profile: no engine to follow."""
+    if not profile:
+        return False
+    return profile_device(profile).startswith("cuda")
 
 
 def _default_costs(values: dict[str, Any]) -> None:
@@ -223,9 +252,11 @@ def _default_costs(values: dict[str, Any]) -> None:
 
 
 CONFIG_KEYS = (
-    frozenset(f.name for f in fields(SimConfig)) - {"scheduler", "router", "cost_model_by_default"}
+    frozenset(f.name for f in fields(SimConfig))
+    - {"scheduler", "router", "cost_model_by_default", "overlap_by_default"}
     | SCHEDULER_KEYS
     | ROUTER_KEYS.keys()
 )
 """The keys of a config file (and of ``build_config``): flat, scheduler and router settings
-included; not ``cost_model_by_default``, which only ``build_config`` sets."""
+included; not ``cost_model_by_default`` nor ``overlap_by_default``, which only
+``build_config`` sets."""

@@ -33,7 +33,14 @@ from sim.model.pipeline import Pipeline
 from sim.model.recorded_stages import RecordedStages
 from sim.model.replica import FLUSH_STEPS, Progress, Replica, RequestRecords, Streams
 from sim.model.scheduler_loop import LoopSettings
-from sim.replicas import replica_summaries, router_summary, step_frame, step_record_frame
+from sim.replicas import (
+    queue_frame,
+    replica_summaries,
+    router_summary,
+    routing_warning,
+    step_frame,
+    step_record_frame,
+)
 from sim.request_table import RequestTable
 
 PROGRESS_MIN_REQUESTS = 1000
@@ -128,7 +135,7 @@ def run_replay(
     stages: RecordedStages | None = None,
 ) -> ReplayResult:
     """Simulate ``trace`` under ``config``; deterministic for the same inputs, and the same
-    tables whatever ``tables.flush_steps``.
+    tables whatever ``tables.flush_steps``: ``build_replay``, ``simulate``, ``summarise``.
 
     ``config.replicas`` > 1 runs the cluster (``sim.model.cluster``); ``cluster=True`` runs
     it for one replica too (the tests compare it with the single pipeline), as does
@@ -138,19 +145,65 @@ def run_replay(
     ``sim.costs.recorded``), ``stages`` the modelled stages around the scheduler of the
     single pipeline (``sim.model.recorded_stages``)."""
     wall0 = time.perf_counter()
+    built = build_replay(
+        trace,
+        config,
+        record_calls=record_calls,
+        progress=progress,
+        cluster=cluster,
+        tables=tables,
+        record_steps=record_steps,
+        costs=costs,
+        stages=stages,
+    )
+    simulate(built)
+    return summarise(built, trace, config, wall0)
+
+
+@dataclass(slots=True)
+class BuiltReplay:
+    """A replay ready to run: the simulation (``None`` once summarised), its replicas, the
+    schedulers it drives, the router of a cluster, and where its tables go."""
+
+    sim: Pipeline | Cluster | None
+    replicas: list[Replica]
+    schedulers: list[Any]
+    router: Router | None
+    costs: tuple[GpuCostModel, CpuCosts]
+    loop: LoopSettings
+    request_table: RequestTable
+    request_memory: MemoryTable | None
+    step_memory: list[MemoryTable]
+    bar: _Bar | None
+
+
+def build_replay(
+    trace: Trace,
+    config: SimConfig,
+    *,
+    record_calls: bool = False,
+    progress: bool = True,
+    cluster: bool | None = None,
+    tables: ReplayTables = ReplayTables(),
+    record_steps: bool = False,
+    costs: tuple[GpuCostModel, CpuCosts] | None = None,
+    stages: RecordedStages | None = None,
+) -> BuiltReplay:
+    """The simulation of ``trace`` under ``config``, not yet run (``run_replay``'s arguments)."""
     gpu, cpu = build_costs(config) if costs is None else costs
-    sched_config = config.scheduler_config()
     as_cluster = config.replicas > 1 if cluster is None else cluster
     if cluster is None and config.frontend_loop and stages is None:
         as_cluster = True  # one server whose frontend loop streams: its intake is timed in the run
+    if stages is not None and as_cluster:
+        raise ValueError("recorded stages replace the stages of the single pipeline only")
+    if not as_cluster and config.replicas != 1:
+        raise ValueError("the single pipeline runs one replica")
+    sched_config = config.scheduler_config()
     schedulers: list[Any] = [Scheduler(sched_config) for _ in range(config.replicas)]
     if record_calls:
         schedulers = [RecordingScheduler(s) for s in schedulers]
-    bar = (
-        _Bar(len(trace.requests))
-        if progress and len(trace.requests) >= PROGRESS_MIN_REQUESTS
-        else None
-    )
+    n = len(trace.requests)
+    bar = _Bar(n) if progress and n >= PROGRESS_MIN_REQUESTS else None
     loop = LoopSettings(
         config.overlap,
         config.fast_forward,
@@ -159,76 +212,96 @@ def run_replay(
         record_steps=record_steps,
     )
     request_writer, request_memory = _kept(tables.requests, tables.keep)
-    request_table = RequestTable(request_writer)
-    step_memory: list[MemoryTable] = []
+    built = BuiltReplay(
+        None, [], schedulers, None, (gpu, cpu), loop, RequestTable(request_writer),
+        request_memory, [], bar,
+    )  # fmt: skip
 
     def step_writer() -> TableWriter:
         writer, memory = _kept(tables.steps, tables.keep)
         if memory is not None:
-            step_memory.append(memory)
+            built.step_memory.append(memory)
         return writer
 
-    streams = Streams(step_writer, request_table.take, tables.flush_steps)
-    sim: Pipeline | Cluster
-    if stages is not None and as_cluster:
-        raise ValueError("recorded stages replace the stages of the single pipeline only")
-    colocation = read_colocation(config.colocation) if config.colocation else None
+    streams = Streams(step_writer, built.request_table.take, tables.flush_steps)
     if as_cluster:
-        router = Router(config.router)
-        sim = Cluster(
-            RequestRecords(trace.requests, streams),
-            schedulers,
-            router,
-            (gpu, cpu),
-            num_tokenizers=config.num_tokenizers,
-            loop=loop,
-            progress=bar,
-            colocation=colocation,
-            shared_frontend=config.shared_frontend,
-            frontend_loop=config.frontend_loop,
-        )
-        replicas: list[Replica] = list(sim.replicas)
-        request_table.attach(sim.records, sim.replica_of)
+        _build_cluster(built, trace, config, streams)
     else:
-        if config.replicas != 1:
-            raise ValueError("the single pipeline runs one replica")
-        router = None
-        sim = Pipeline(
-            trace.requests,
-            schedulers[0],
-            gpu,
-            cpu,
-            num_tokenizers=config.num_tokenizers,
-            loop=loop,
-            progress=bar,
-            stages=stages,
-            streams=streams,
-        )
-        replicas = [sim]
-        request_table.attach(sim.records, np.zeros(len(trace.requests), dtype=np.int64))
+        _build_pipeline(built, trace, config, streams, stages)
+    return built
+
+
+def _build_cluster(built: BuiltReplay, trace: Trace, config: SimConfig, streams: Streams) -> None:
+    built.router = Router(config.router)
+    sim = Cluster(
+        RequestRecords(trace.requests, streams),
+        built.schedulers,
+        built.router,
+        built.costs,
+        num_tokenizers=config.num_tokenizers,
+        loop=built.loop,
+        progress=built.bar,
+        colocation=read_colocation(config.colocation) if config.colocation else None,
+        shared_frontend=config.shared_frontend,
+        frontend_loop=config.frontend_loop,
+    )
+    built.sim, built.replicas = sim, list(sim.replicas)
+    built.request_table.attach(sim.records, sim.replica_of)
+
+
+def _build_pipeline(
+    built: BuiltReplay,
+    trace: Trace,
+    config: SimConfig,
+    streams: Streams,
+    stages: RecordedStages | None,
+) -> None:
+    gpu, cpu = built.costs
+    sim = Pipeline(
+        trace.requests,
+        built.schedulers[0],
+        gpu,
+        cpu,
+        num_tokenizers=config.num_tokenizers,
+        loop=built.loop,
+        progress=built.bar,
+        stages=stages,
+        streams=streams,
+    )
+    built.sim, built.replicas = sim, [sim]
+    built.request_table.attach(sim.records, np.zeros(len(trace.requests), dtype=np.int64))
+
+
+def simulate(built: BuiltReplay) -> None:
+    """Run the built replay to its end."""
+    if built.sim is None:
+        raise RuntimeError("this replay has run and been summarised")
     try:
-        sim.run()
+        built.sim.run()
     finally:
-        if bar is not None:
-            bar.bar.close()
-    summary_columns = request_table.close(len(trace.requests))
-    requests = summary_columns if request_memory is None else request_memory.frame()
-    steps = step_frame(step_memory)
-    engine_steps = step_record_frame(replicas) if record_steps else None
+        if built.bar is not None:
+            built.bar.bar.close()
+
+
+def summarise(built: BuiltReplay, trace: Trace, config: SimConfig, wall0: float) -> ReplayResult:
+    """The frames and the summary of a run replay; the simulation is let go first (its records
+    are in the frames then, and the summary's work needs the room)."""
+    if built.sim is None:
+        raise RuntimeError("this replay has been summarised")
+    replicas = built.replicas
+    summary_columns = built.request_table.close(len(trace.requests))
+    memory = built.request_memory
+    requests = summary_columns if memory is None else memory.frame()
+    steps = step_frame(built.step_memory)
+    engine_steps = step_record_frame(replicas) if built.loop.record_steps else None
     queues = queue_frame(replicas)
-    itl = sim.records.totals.itl_s
+    itl = built.sim.records.totals.itl_s
     busy_s = [r.steps.busy_s.sum() for r in replicas]
     num_steps = sum(r.steps.num_steps for r in replicas)
-    fast_forward = {
-        "enabled": config.fast_forward,
-        "runs": sum(r.loop.num_runs for r in replicas),
-        "steps_in_runs": sum(r.loop.steps_in_runs for r in replicas),
-    }
-    reach = Reach()
-    for r in replicas:
-        reach.merge(r.loop.reach)
-    del sim, replicas  # their records are in the frames now; the summary's work needs the room
-    stats = [s.stats() for s in schedulers]
+    fast_forward, reach = _loop_counters(replicas, config)
+    built.sim, built.replicas = None, []
+    del replicas
+    stats = [s.stats() for s in built.schedulers]
     prompt = sum(st.prompt_tokens for st in stats)
     summary = summarize(
         summary_columns,
@@ -238,50 +311,39 @@ def run_replay(
         slo_ttft_ms=config.slo_ttft_ms,
         slo_tpot_ms=config.slo_tpot_ms,
     )
+    gpu, cpu = built.costs
     summary["config"] = config.to_dict()
+    summary["overlap"] = config.overlap_choice()
     summary["cost_model"] = gpu.describe() | {
         "chosen": config.cost_model_choice(),
         "reach": reach_summary(gpu.measured_reach(), reach),
     }
     summary["cpu_costs"] = cpu.describe()
-    summary["host_kv"] = host_kv_summary(stats, loop.copies)
+    summary["host_kv"] = host_kv_summary(stats, built.loop.copies)
     summary["trace"] = trace.describe()
     summary["fast_forward"] = fast_forward
     summary["replicas"] = replica_summaries(summary_columns, busy_s, stats, summary["duration_s"])
-    summary["router"] = None if router is None else router_summary(router)
+    summary["router"] = (
+        None
+        if built.router is None
+        else router_summary(built.router, routing_warning(trace, config))
+    )
     summary["wall_s"] = time.perf_counter() - wall0
+    schedulers = built.schedulers
     scheduler = schedulers[0] if len(schedulers) == 1 else schedulers
     return ReplayResult(
-        json_safe(summary), requests, steps, queues, itl, scheduler, router, engine_steps
+        json_safe(summary), requests, steps, queues, itl, scheduler, built.router, engine_steps
     )
 
 
-def queue_frame(replicas: list[Replica]) -> pd.DataFrame:
-    """Queue length per stage at each change, in time order (stable within a time); for
-    several replicas, each replica's in turn with its number in ``replica``."""
-    frames = [_queues_of(r) for r in replicas]
-    if len(frames) == 1:
-        return frames[0]
-    for k, f in enumerate(frames):
-        f["replica"] = np.int64(k)
-    return pd.concat(frames, ignore_index=True)
-
-
-def _queues_of(p: Replica) -> pd.DataFrame:
-    parts = [p.front_queue_samples("frontend"), p.front_queue_samples("tokenizer")]
-    parts.append(
-        (
-            np.asarray([t for t, _, _ in p.queue_samples], dtype=np.float64),
-            np.asarray([n for _, _, n in p.queue_samples], dtype=np.int64),
-        )
-    )
-    parts.append(p.detokenizer_queue())
-    names = ("frontend", "tokenizer", "scheduler", "detokenizer")
-    frame = pd.DataFrame(
-        {
-            "time": np.concatenate([t for t, _ in parts]),
-            "stage": np.repeat(names, [len(t) for t, _ in parts]),
-            "queue_len": np.concatenate([n for _, n in parts]).astype(np.int64),
-        }
-    )
-    return frame.sort_values("time", kind="stable").reset_index(drop=True)
+def _loop_counters(replicas: list[Replica], config: SimConfig) -> tuple[dict[str, Any], Reach]:
+    """The fast-forwarded runs of the replicas' loops, and the step shapes they priced."""
+    fast_forward = {
+        "enabled": config.fast_forward,
+        "runs": sum(r.loop.num_runs for r in replicas),
+        "steps_in_runs": sum(r.loop.steps_in_runs for r in replicas),
+    }
+    reach = Reach()
+    for r in replicas:
+        reach.merge(r.loop.reach)
+    return fast_forward, reach

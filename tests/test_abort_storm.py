@@ -1,6 +1,6 @@
 """A small abort storm: half the streaming clients leave at random points, under KV pressure.
 
-The full storm is ``scripts/bench_abort_storm.py`` (figures in ``reports/``);
+The full storm is ``benchmarks/abort_storm.py`` (figures in ``reports/robustness/``);
 this one runs the same driver with fewer requests on a KV pool too small for
 the batch, so aborts meet preemptions.
 """
@@ -15,8 +15,8 @@ import httpx
 import pytest
 from conftest import running_server
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
-from bench_abort_storm import PROMPTS, reference, storm
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+from abort_storm import PROMPTS, reference, storm
 from serving_load import scrape, wait_idle
 
 pytestmark = pytest.mark.slow

@@ -1,5 +1,5 @@
 """``engine bench``'s client (``lab.bench.client.send``) against a small aiohttp server, and the
-HTTP side's own latency (``scripts/bench_client_overhead.py``: the real frontend app fed by a
+HTTP side's own latency (``benchmarks/client_overhead.py``: the real frontend app fed by a
 stand-in engine)."""
 
 from __future__ import annotations
@@ -79,7 +79,7 @@ def test_the_http_side_alone_streams_every_request(tmp_path: Path) -> None:
     """The real frontend, a stand-in engine, ``engine bench``: every request completes, the
     server's loop lag is sampled, and the percentiles are printed."""
     done = subprocess.run(
-        [sys.executable, str(ROOT / "scripts" / "bench_client_overhead.py"),
+        [sys.executable, str(ROOT / "benchmarks" / "client_overhead.py"),
          str(ROOT / "traces" / "azure_conv.csv"), "--limit", "20", "--rate-scale", "4",
          "--step-ms", "5", "--out", str(tmp_path)],
         capture_output=True, text=True, cwd=ROOT, timeout=240,

@@ -4,8 +4,6 @@ replicas of ``engine serve --dp N`` sharing one frontend (``shared_frontend``)."
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from dataclasses import asdict
 from pathlib import Path
 
@@ -14,6 +12,7 @@ import pandas as pd
 import pytest
 
 from core.scheduler.shape import StepShape
+from lab.cli.sim import main as sim_main
 from schema.traces import Trace
 from schema.traces.record import TraceRequest
 from sim.config import build_config
@@ -22,7 +21,7 @@ from sim.model.shared_gpu import MIN_SHARE, SharedGpu
 from sim.replay import build_costs, run_replay
 
 ROOT = Path(__file__).resolve().parents[1]
-PROFILE = ROOT / "reports" / "cluster" / "h200_shared_gpu" / "conv_sample" / "h200_qwen3-0.6b.csv"
+PROFILE = ROOT / "reports" / "cluster" / "h200" / "h200_qwen3-0.6b.csv"
 TIMES = ("first_token", "finished", "ttft_ms", "e2e_ms")
 PAIRS = [("decode", "decode"), ("decode", "prefill"), ("prefill", "decode"), ("prefill", "prefill")]
 
@@ -75,7 +74,9 @@ def test_a_replica_with_the_gpu_to_itself_is_not_stretched(tmp_path: Path) -> No
         np.testing.assert_allclose(shared[col], alone[col], rtol=0, atol=1e-9)
 
 
-def test_two_decoding_replicas_stretch_each_other_and_the_fit_reads_it_back(tmp_path: Path) -> None:
+def test_two_decoding_replicas_stretch_each_other_and_the_fit_reads_it_back(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     """Two long decodes side by side, one on each replica: every decode step runs beside the
     other's, so each is stretched by decode-beside-decode, which a fit of the step record
     recovers (as a ratio: the steps are all of about one size); the inter-token time grows
@@ -92,23 +93,19 @@ def test_two_decoding_replicas_stretch_each_other_and_the_fit_reads_it_back(tmp_
     record = tmp_path / "steps.csv"
     shared.engine_steps.to_csv(record, index=False)
     out = tmp_path / "fit.csv"
-    done = subprocess.run([sys.executable, str(ROOT / "scripts" / "fit_colocation.py"), str(record),
-                           "--profile", str(PROFILE), "--model", "qwen3-0.6b", "--out", str(out)],
-                          capture_output=True, text=True, cwd=ROOT)  # fmt: skip
-    assert done.returncode == 0, done.stderr
+    fit = ["colocation", "fit", str(record), "--profile", str(PROFILE), "--model", "qwen3-0.6b"]
+    assert sim_main([*fit, "--out", str(out)]) == 0
     fitted = pd.read_csv(out).set_index(["kind", "other"])
     assert fitted.loc[("decode", "decode"), "stretch"] == pytest.approx(1.5, rel=0.02)
     assert fitted.loc[("decode", "decode"), "fixed_ms"] == 0  # steps of one size: a ratio
     # --check prices the same steps with a table: the fitted one matches them, ones do not
     ones = table(tmp_path / "ones.csv", 1.0, 1.0, 1.0, 1.0)
     for checked, error in ((out, 0.0), (ones, 1 / 1.5 - 1)):
-        script = str(ROOT / "scripts" / "fit_colocation.py")
-        command = [sys.executable, script, str(record), "--profile", str(PROFILE),
-                   "--model", "qwen3-0.6b", "--check", str(checked)]  # fmt: skip
-        done = subprocess.run(command, capture_output=True, text=True, cwd=ROOT)
-        assert done.returncode == 0, done.stderr
+        capsys.readouterr()
+        assert sim_main([*fit, "--check", str(checked)]) == 0
+        printed = capsys.readouterr().out
         row = next(
-            line.split() for line in done.stdout.splitlines() if line.startswith("decode   decode")
+            line.split() for line in printed.splitlines() if line.startswith("decode   decode")
         )
         assert float(row[-1].rstrip("%")) / 100 == pytest.approx(error, abs=0.02)
 
@@ -287,7 +284,6 @@ def test_validate_again_with_the_table_reproduces_a_shared_gpu_run(tmp_path: Pat
     """A simulated two-replica run on one GPU, written as the real run of an earlier
     validation: ``sim validate --real-from DIR --colocation TABLE`` simulates it again
     exactly; without the table (each replica with a GPU of its own) the TTFT comes out low."""
-    from lab.cli.sim import main as sim_main
     from lab.outputs import write_outputs
     from schema.traces import load_trace
 
@@ -315,16 +311,15 @@ def test_validate_again_with_the_table_reproduces_a_shared_gpu_run(tmp_path: Pat
     assert ttft["without"]["rel_err"] < -0.05
 
 
-def test_the_size_of_the_chunk_beside_a_decode_step_counts_on_the_h200() -> None:
+def test_the_size_of_the_chunk_beside_a_decode_step_counts_on_the_h200(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
     """The 60x round robin run's decode steps beside prefill chunks: a fit with the chunks'
     size (time alone) beside each step halves the residual of one line per pair of kinds,
     and a larger chunk takes longer."""
-    run = ROOT / "reports" / "cluster" / "h200_shared_gpu" / "edge60" / "round_robin"
-    script = str(ROOT / "scripts" / "colocation_share.py")
-    command = [sys.executable, script, str(run), "--profile", str(PROFILE)]
-    done = subprocess.run(command, capture_output=True, text=True, cwd=ROOT)
-    assert done.returncode == 0, done.stderr
-    lines = done.stdout.splitlines()
+    run = ROOT / "reports" / "cluster" / "h200" / "host_a" / "rr60"
+    assert sim_main(["colocation", "share", str(run), "--profile", str(PROFILE)]) == 0
+    lines = capsys.readouterr().out.splitlines()
     start = next(i for i, line in enumerate(lines) if "beside prefill" in line)
     fits = {line.split()[0]: line.split() for line in lines[start:] if "residual RMS" in line}
     assert float(fits["size"][-2]) < 0.6 * float(fits["line"][-2])
@@ -348,10 +343,22 @@ def test_cpu_replicas_read_back_from_step_records_without_device_time(tmp_path: 
     record = tmp_path / "steps.csv"
     shared.engine_steps.to_csv(record, index=False)
     out = tmp_path / "fit.csv"
-    script = str(ROOT / "scripts" / "fit_colocation.py")
-    command = [sys.executable, script, str(record), "--profile", str(cpu_profile),
+    command = ["colocation", "fit", str(record), "--profile", str(cpu_profile),
                "--model", "smollm2-135m", "--out", str(out)]  # fmt: skip
-    done = subprocess.run(command, capture_output=True, text=True, cwd=ROOT)
-    assert done.returncode == 0, done.stderr
+    assert sim_main(command) == 0
     fitted = pd.read_csv(out).set_index(["kind", "other"])
     assert fitted.loc[("decode", "decode"), "stretch"] == pytest.approx(1.25, rel=0.02)
+
+
+def test_the_colocation_tools_refuse_missing_records_in_one_line(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A step record or a run folder that is not there: one line naming it, exit 2."""
+    none = tmp_path / "none.csv"
+    fit = ["colocation", "fit", str(none), "--profile", str(PROFILE), "--out", str(tmp_path / "t")]
+    assert sim_main(fit) == 2
+    err = capsys.readouterr().err
+    assert err == f"sim colocation fit: error: {none}: no such step record\n"
+    assert sim_main(["colocation", "share", str(tmp_path), "--profile", str(PROFILE)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("sim colocation share: error: ") and "holds no steps.replica0" in err

@@ -1,15 +1,14 @@
-"""``scripts/compare_profiles.py``: two engines' passes of one grid, compared pair by pair."""
+"""``sim profile compare``: two engines' passes of one grid, compared pair by pair."""
 
 from __future__ import annotations
 
-import subprocess
-import sys
 from pathlib import Path
 
-from core.scheduler.shape import StepShape
-from sim.costs.profile import ProfileRow, write_profile
+import pytest
 
-SCRIPT = str(Path(__file__).resolve().parents[1] / "scripts" / "compare_profiles.py")
+from core.scheduler.shape import StepShape
+from lab.cli.sim import main as sim_main
+from sim.costs.profile import ProfileRow, write_profile
 
 
 def profile(path: Path, seconds: dict[int, float]) -> Path:
@@ -24,25 +23,35 @@ def profile(path: Path, seconds: dict[int, float]) -> Path:
     return path
 
 
-def run(*args: object) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, SCRIPT, *map(str, args)], capture_output=True, text=True)
+def run(capsys: pytest.CaptureFixture[str], *args: object) -> tuple[int, str, str]:
+    """``sim profile compare ARGS``: its exit status, stdout and stderr."""
+    code = sim_main(["profile", "compare", *map(str, args)])
+    out, err = capsys.readouterr()
+    return code, out, err
 
 
-def test_each_plan_is_the_median_of_its_pairs_ratios(tmp_path: Path) -> None:
+def test_each_plan_is_the_median_of_its_pairs_ratios(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     base = [profile(tmp_path / f"b{i}.csv", {8: 0.2, 16: t}) for i, t in enumerate((0.9, 1.0, 0.6))]
     new = [profile(tmp_path / f"n{i}.csv", {8: 0.2, 16: 0.5}) for i in range(3)]
-    done = run("--base", *base, "--new", *new)
-    assert done.returncode == 0, done.stderr
-    rows = {line.split(" | ")[0]: line for line in done.stdout.splitlines() if "decode" in line}
+    code, out, err = run(capsys, "--base", *base, "--new", *new)
+    assert code == 0, err
+    rows = {line.split(" | ")[0]: line for line in out.splitlines() if "decode" in line}
     assert rows["| decode 16 x 1,000"].endswith("| 1.80 / 2.00 / 1.20 | **1.80** |")
     assert rows["| decode 8 x 1,000"].endswith("| 1.00 / 1.00 / 1.00 | **1.00** |")
-    assert "2 plans: base / new 1.34 (geometric mean of the medians), 1.00-1.80" in done.stdout
+    assert "2 plans: base / new 1.34 (geometric mean of the medians), 1.00-1.80" in out
 
 
-def test_unpaired_passes_or_another_grid_are_refused(tmp_path: Path) -> None:
+def test_unpaired_passes_another_grid_or_no_file_are_refused(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     a = profile(tmp_path / "a.csv", {8: 0.2, 16: 0.4})
     b = profile(tmp_path / "b.csv", {8: 0.2})
-    done = run("--base", a, a, "--new", a)
-    assert done.returncode == 2 and "as many --base as --new" in done.stderr
-    done = run("--base", a, "--new", b)
-    assert done.returncode == 2 and "has no decode 16 x 1,000" in done.stderr
+    code, _, err = run(capsys, "--base", a, a, "--new", a)
+    assert code == 2 and "as many --base as --new" in err
+    code, _, err = run(capsys, "--base", a, "--new", b)
+    assert code == 2 and "has no decode 16 x 1,000" in err
+    code, out, err = run(capsys, "--base", a, "--new", tmp_path / "none.csv")
+    assert code == 2 and not out and err.startswith("sim profile compare: error: ")
+    assert "no such profile file" in err and len(err.splitlines()) == 1

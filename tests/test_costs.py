@@ -36,8 +36,8 @@ def test_llama_decode_is_memory_bound_at_small_batch() -> None:
     roof = RooflineCostModel(llama, h200)
     t = roof.step_time(decode_shape(1, 1000))
     weights = llama.weights_read_per_step * 2
-    kv = 1001 * llama.kv_bytes_per_token("bf16")
-    overhead = (KERNELS_PER_LAYER * llama.layers + KERNELS_PER_STEP) * h200.kernel_floor_s
+    kv = 1001 * llama.kv_bytes_per_token(2)
+    overhead = (KERNELS_PER_LAYER * llama.num_layers + KERNELS_PER_STEP) * h200.kernel_floor_s
     assert t == pytest.approx((weights + kv) / h200.mem_bandwidth + overhead, rel=1e-12)
     assert 3e-3 < t < 5e-3  # ~16 GB of weights at ~4.3 TB/s
 
@@ -48,7 +48,8 @@ def test_llama_large_prefill_is_compute_bound() -> None:
     shape = StepShape(n, 0, n, 0, 0, n * (n + 1) // 2, 1)
     t = roof.step_time(shape)
     assert t > roof.step_time(StepShape(1, 0, 1, 0, 0, 1, 1)) * 10
-    linear = 2 * model_shape("llama-3.1-8b").layers * model_shape("llama-3.1-8b").layer_params * n
+    llama = model_shape("llama-3.1-8b")
+    linear = 2 * llama.num_layers * llama.layer_params * n
     assert t > linear / 797e12  # at least the matmul FLOPs at peak
 
 

@@ -200,14 +200,14 @@ def stream_until(url: str, hurt: Callable[[str], None]) -> tuple[str, str]:
 
 def test_route_request_reads_prompt_size_and_session() -> None:
     from core.router.prompt_key import TEXT_CHUNK
-    from engine.router.keys import route_request
+    from engine.router.keys import body_route
 
     chat = {"messages": [{"role": "user", "content": [{"type": "text", "text": "x" * 40}]}],
             "max_completion_tokens": 7, "user": "u1"}  # fmt: skip
-    req = route_request("r1", chat)
+    req = body_route("r1", chat)
     assert req.session == "u1" and req.output_tokens == 7 and req.input_tokens > 0
     assert all(len(str(k)) <= TEXT_CHUNK for k in req.key) and len(req.key) == 3
-    ids = route_request("r2", {"prompt": [1, 2, 3], "prompt_cache_key": "c", "max_tokens": 2})
+    ids = body_route("r2", {"prompt": [1, 2, 3], "prompt_cache_key": "c", "max_tokens": 2})
     assert ids.key == (1, 2, 3) and ids.input_tokens == 3 and ids.session == "c"
-    odd = route_request("r3", {"prompt": {"not": "a prompt"}, "max_tokens": "many"})
+    odd = body_route("r3", {"prompt": {"not": "a prompt"}, "max_tokens": "many"})
     assert odd.key == () and odd.output_tokens == 0

@@ -50,8 +50,7 @@ def make_runner(backend: str, graphs: bool, preset: str = PRESET) -> ModelRunner
             device="cuda",
             attention_backend=backend,
             cuda_graph=graphs,
-            num_pages=256,
-            max_running=8,
+            scheduler=SchedulerConfig(num_pages=256, max_running=8),
             seed=0,
         )
     )
@@ -258,8 +257,7 @@ def test_tp2_greedy_matches_tp1(reference: ModelRunner, tmp_path: Any) -> None:
         model=PRESET,
         dummy_weights=True,
         device="cuda",
-        num_pages=256,
-        max_running=8,
+        scheduler=SchedulerConfig(num_pages=256, max_running=8),
         seed=0,
         tp_size=2,
         dist_init=f"file://{tmp_path / 'rendezvous'}",

@@ -5,11 +5,12 @@ from __future__ import annotations
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import httpx
 import pytest
-from conftest import MODEL, descendants, start_server, stop_server, wait_gone
+from conftest import MODEL, Server, descendants, start_server, stop_server, wait_gone
 
 pytestmark = pytest.mark.slow
 
@@ -95,3 +96,36 @@ def test_unknown_model_is_a_clear_cli_error() -> None:
     )
     assert out.returncode == 2
     assert "no-such-model" in out.stderr and "Traceback" not in out.stderr
+
+
+def wait_for_log(server: Server, text: str, timeout: float = 15.0) -> None:
+    deadline = time.monotonic() + timeout
+    while text not in server.log():
+        assert time.monotonic() < deadline, f"no {text!r} in the log"
+        time.sleep(0.05)
+
+
+def test_one_sigterm_drains_and_a_second_one_shuts_down(model_ready: str) -> None:
+    server = start_server("--dummy-weights", model="tiny-llama")
+    try:
+        server.proc.send_signal(signal.SIGTERM)
+        assert server.proc.wait(30) == 0
+        log = server.log()
+        assert "SIGTERM received; draining 0 open requests" in log and "drained" in log
+        assert "shutting down" not in log  # the drain is the first signal's whole effect
+    finally:
+        stop_server(server)
+    server = start_server()
+    try:
+        long = {"model": MODEL, "prompt": "Hi", "max_tokens": 2000, "ignore_eos": True}
+        with httpx.stream(
+            "POST", f"{server.url}/v1/completions", json={**long, "stream": True}, timeout=60
+        ) as stream:
+            assert next(stream.iter_lines()).startswith("data: ")
+            server.proc.send_signal(signal.SIGTERM)
+            wait_for_log(server, "SIGTERM received; draining 1 open requests")
+            server.proc.send_signal(signal.SIGTERM)
+            assert server.proc.wait(30) == 0
+        assert "SIGTERM received; shutting down" in server.log()
+    finally:
+        stop_server(server)

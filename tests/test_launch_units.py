@@ -13,6 +13,7 @@ from engine.ipc import messages
 from engine.ipc.config import ServeConfig
 from engine.launch.rundir import make_run_dir, remove_run_dir
 from engine.launch.serve import build_parser
+from engine.runner.args import RunnerArgs
 from engine.sampling.params import SamplingParams
 
 EXAMPLES: list[messages.Message] = [
@@ -58,7 +59,7 @@ def test_run_dir_is_private_and_removable() -> None:
         assert (path.stat().st_mode & 0o777) == 0o700
         cfg = ServeConfig(
             model="m",
-            model_path="/m",
+            runner=RunnerArgs(model="/m"),
             tokenizer_path="/m",
             vocab_size=512,
             run_dir=str(path),
@@ -75,7 +76,7 @@ def test_run_dir_is_private_and_removable() -> None:
 def test_serve_options_are_validated() -> None:
     parser = build_parser()
     args = parser.parse_args(["--model", "m", "--tp", "2", "--num-tokenizers", "3", "--port", "0"])
-    assert (args.tp, args.num_tokenizers, args.port) == (2, 3, 0)
+    assert (args.tp_size, args.num_tokenizers, args.port) == (2, 3, 0)
     for bad in (["--model", "m", "--tp", "0"], ["--model", "m", "--device", "tpu"], []):
         with pytest.raises(SystemExit):
             parser.parse_args(bad)

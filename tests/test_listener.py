@@ -1,7 +1,7 @@
 """The servers' listening socket: connections it accepts have Nagle's algorithm off.
 
 With Nagle on, a response written in two parts waits ~40 ms for the client's
-delayed acknowledgement (measured in reports/cluster/router_overhead.md).
+delayed acknowledgement (measured in reports/cluster/README.md).
 """
 
 from __future__ import annotations

@@ -1,17 +1,14 @@
-"""``scripts/merge_profiles.py``: two runs of one grid's points as one profile."""
+"""``sim profile merge``: two runs of one grid's points as one profile."""
 
 from __future__ import annotations
 
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 from core.scheduler.shape import StepShape
+from lab.cli.sim import main as sim_main
 from sim.costs.profile import EMPTY_SHAPE, ProfileRow, read_profile, write_profile
-
-ROOT = Path(__file__).resolve().parents[1]
 
 
 def profile(path: Path, model: str, batches: tuple[int, ...], tokenize: float) -> Path:
@@ -31,18 +28,20 @@ def profile(path: Path, model: str, batches: tuple[int, ...], tokenize: float) -
     return path
 
 
-def merge(*args: object) -> subprocess.CompletedProcess[str]:
-    script = ROOT / "scripts" / "merge_profiles.py"
-    return subprocess.run([sys.executable, str(script), *map(str, args)],
-                          capture_output=True, text=True, cwd=ROOT)  # fmt: skip
+def merge(capsys: pytest.CaptureFixture[str], *args: object) -> tuple[int, str]:
+    """``sim profile merge ARGS``: its exit status and what it wrote to stderr."""
+    code = sim_main(["profile", "merge", *map(str, args)])
+    return code, capsys.readouterr().err
 
 
-def test_the_step_rows_go_together_and_the_first_gives_the_rest(tmp_path: Path) -> None:
+def test_the_step_rows_go_together_and_the_first_gives_the_rest(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     a = profile(tmp_path / "a.csv", "m", (1, 2, 4), 5e-6)
     b = profile(tmp_path / "b.csv", "m", (8, 16), 9e-6)
     out = tmp_path / "ab.csv"
-    done = merge(a, b, "--out", out)
-    assert done.returncode == 0, done.stderr
+    code, err = merge(capsys, a, b, "--out", out)
+    assert code == 0, err
     merged = read_profile(out)
     assert sorted(r.shape.decode_requests for r in merged.steps) == [1, 2, 4, 8, 16]
     assert merged.cpu == {"tokenize": 5e-6}
@@ -50,15 +49,24 @@ def test_the_step_rows_go_together_and_the_first_gives_the_rest(tmp_path: Path) 
     assert "fit error over 5 rows" in merged.provenance["table_fit"]
 
 
-def test_profiles_of_other_models_do_not_merge(tmp_path: Path) -> None:
+def test_profiles_of_other_models_or_missing_files_do_not_merge(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     a = profile(tmp_path / "a.csv", "m", (1, 2), 5e-6)
     b = profile(tmp_path / "b.csv", "other", (4,), 5e-6)
-    done = merge(a, b, "--out", tmp_path / "ab.csv")
-    assert done.returncode == 2 and "model" in done.stderr
+    code, err = merge(capsys, a, b, "--out", tmp_path / "ab.csv")
+    assert code == 2 and "model" in err and len(err.splitlines()) == 1
     assert not (tmp_path / "ab.csv").exists()
+    code, err = merge(capsys, a, tmp_path / "none.csv", "--out", tmp_path / "ab.csv")
+    assert (
+        code == 2
+        and err == f"sim profile merge: error: {tmp_path}/none.csv: no such profile file\n"
+    )
 
 
-def test_passes_of_one_grid_give_each_plan_the_median_of_its_passes(tmp_path: Path) -> None:
+def test_passes_of_one_grid_give_each_plan_the_median_of_its_passes(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     def one_pass(name: str, scale: float, batches: tuple[int, ...]) -> Path:
         t = [scale * b for b in batches]
         rows = [
@@ -74,8 +82,8 @@ def test_passes_of_one_grid_give_each_plan_the_median_of_its_passes(tmp_path: Pa
     passes = [one_pass("p1.csv", 1e-3, (1, 2, 4)), one_pass("p2.csv", 1.1e-3, (1, 2)),
               one_pass("p3.csv", 3e-3, (1, 2, 4))]  # fmt: skip
     out = tmp_path / "median.csv"
-    done = merge(*passes, "--median", "--out", out)
-    assert done.returncode == 0, done.stderr
+    code, err = merge(capsys, *passes, "--median", "--out", out)
+    assert code == 0, err
     merged = read_profile(out)
     rows = {r.shape.decode_requests: r for r in merged.steps}
     assert sorted(rows) == [1, 2, 4]
@@ -85,5 +93,5 @@ def test_passes_of_one_grid_give_each_plan_the_median_of_its_passes(tmp_path: Pa
     assert rows[4].duration_s == pytest.approx(8e-3) and rows[4].repeats == 2
     assert merged.provenance["passes"].startswith("3,")
     appended = tmp_path / "appended.csv"
-    assert merge(*passes, "--out", appended).returncode == 0
+    assert merge(capsys, *passes, "--out", appended)[0] == 0
     assert len(read_profile(appended).steps) == 8

@@ -10,6 +10,7 @@ from typing import Any
 from fastapi.testclient import TestClient
 
 from engine.ipc.config import ServeConfig
+from engine.runner.args import RunnerArgs
 from engine.server.app import create_app
 from lab.bench.server import metric_value
 
@@ -26,7 +27,7 @@ def samples(text: str, name: str) -> dict[str, float]:
 
 
 def test_pool_sizes_are_in_metrics_before_any_stats(tmp_path: Path) -> None:
-    names: dict[str, Any] = {"model": "m", "model_path": "m", "tokenizer_path": ""}
+    names: dict[str, Any] = {"model": "m", "runner": RunnerArgs(model="m"), "tokenizer_path": ""}
     cfg = ServeConfig(**names, vocab_size=256, run_dir=str(tmp_path), parent_pid=os.getpid(),
                       max_model_len=1024, dp_size=2)  # fmt: skip
     pools = {0: (256, 0), 1: (300, 64)}

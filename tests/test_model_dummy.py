@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 import torch
 
-from core.scheduler import DecodeSlot, Plan, PrefillChunk
+from core.scheduler import DecodeSlot, Plan, PrefillChunk, SchedulerConfig
 from engine.models.llama import LlamaForCausalLM
 from engine.runner import ModelRunner, RunnerArgs, StepInputs
 from engine.sampling import SamplingParams
@@ -47,7 +47,11 @@ def test_unknown_preset_is_a_clear_error() -> None:
 
 @pytest.mark.parametrize("preset", ["tiny-llama", "tiny-qwen3"])
 def test_dummy_preset_runs_and_chunking_is_exact(preset: str) -> None:
-    runner = ModelRunner(RunnerArgs(model=preset, dummy_weights=True, num_pages=16, page_size=8))
+    runner = ModelRunner(
+        RunnerArgs(
+            model=preset, dummy_weights=True, scheduler=SchedulerConfig(num_pages=16, page_size=8)
+        )
+    )
     assert runner.eos_token_ids == [2]
     vocab = runner.config.vocab_size
     prompt = list(range(3, 23))
@@ -77,7 +81,12 @@ def test_dummy_preset_runs_and_chunking_is_exact(preset: str) -> None:
 def test_dummy_weights_follow_the_seed() -> None:
     def logits(seed: int) -> torch.Tensor:
         runner = ModelRunner(
-            RunnerArgs(model="tiny-qwen3", dummy_weights=True, num_pages=4, seed=seed)
+            RunnerArgs(
+                model="tiny-qwen3",
+                dummy_weights=True,
+                scheduler=SchedulerConfig(num_pages=4),
+                seed=seed,
+            )
         )
         plan = Plan(0, prefill=(PrefillChunk("a", 0, 5, True, (0,)),))
         out = runner.logits(plan, StepInputs([[5, 6, 7, 8, 9]], [], [GREEDY], [0]))
@@ -109,9 +118,17 @@ def test_dummy_preset_on_gpu(preset: str) -> None:
         return out.float().cpu()
 
     on_gpu = ModelRunner(
-        RunnerArgs(model=preset, dummy_weights=True, num_pages=8, device="cuda", dtype="float32")
+        RunnerArgs(
+            model=preset,
+            dummy_weights=True,
+            scheduler=SchedulerConfig(num_pages=8),
+            device="cuda",
+            dtype="float32",
+        )
     )
-    on_cpu = ModelRunner(RunnerArgs(model=preset, dummy_weights=True, num_pages=8))
+    on_cpu = ModelRunner(
+        RunnerArgs(model=preset, dummy_weights=True, scheduler=SchedulerConfig(num_pages=8))
+    )
     on_cpu.model.load_state_dict(on_gpu.model.state_dict())  # random streams differ per device
     gpu32 = logits(on_gpu)
     torch.testing.assert_close(gpu32, logits(on_cpu), atol=1e-3, rtol=1e-3)

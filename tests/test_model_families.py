@@ -15,7 +15,7 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, LlamaConfig, Qwen2Config, Qwen3Config
 
-from core.scheduler import DecodeSlot, Plan, PrefillChunk
+from core.scheduler import DecodeSlot, Plan, PrefillChunk, SchedulerConfig
 from engine.runner import ModelRunner, RunnerArgs, StepInputs
 from engine.sampling import SamplingParams
 from schema.models import ModelConfig
@@ -79,7 +79,10 @@ def test_paged_chunked_decode_logits_match_hf(family: str, device: str, tmp_path
     assert config.qkv_bias == (family in ("qwen2", "llama-bias"))
     runner = ModelRunner(
         RunnerArgs(
-            model=str(tmp_path), device=device, num_pages=16, page_size=PAGE, dtype="float32"
+            model=str(tmp_path),
+            device=device,
+            scheduler=SchedulerConfig(num_pages=16, page_size=PAGE),
+            dtype="float32",
         )
     )
     tol: dict[str, Any] = (
@@ -106,7 +109,9 @@ def test_paged_chunked_decode_logits_match_hf(family: str, device: str, tmp_path
 def test_mixed_batch_matches_separate_runs(tmp_path: Path) -> None:
     """A prefill chunk, a cache-hit chunk and two decodes of different lengths in one step."""
     hf = _checkpoint("qwen3", tmp_path)
-    runner = ModelRunner(RunnerArgs(model=str(tmp_path), num_pages=32, page_size=PAGE))
+    runner = ModelRunner(
+        RunnerArgs(model=str(tmp_path), scheduler=SchedulerConfig(num_pages=32, page_size=PAGE))
+    )
     gen = torch.Generator().manual_seed(2)
     seqs = [torch.randint(0, 300, (n,), generator=gen).tolist() for n in (13, 7, 18, 10)]
     with torch.no_grad():

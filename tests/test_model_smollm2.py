@@ -74,7 +74,9 @@ def reference(model_dir: Path, prompts: dict[str, list[int]]) -> dict[str, list[
 
 @pytest.fixture(scope="module")
 def runner() -> ModelRunner:
-    return ModelRunner(RunnerArgs(model="smollm2-135m", num_pages=64, dtype="float32"))
+    return ModelRunner(
+        RunnerArgs(model="smollm2-135m", scheduler=SchedulerConfig(num_pages=64), dtype="float32")
+    )
 
 
 class Driver:

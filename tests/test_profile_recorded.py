@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import csv
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -13,6 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from core.scheduler.shape import StepShape
+from lab.cli.sim import main as sim_main
 from lab.profile.grid import StepPoint
 from lab.profile.main import profile_main
 from lab.profile.recorded import (
@@ -141,8 +140,10 @@ def test_engine_profile_times_a_record_s_plans(
     assert "--plans-from" in capsys.readouterr().err
 
 
-def test_record_vs_alone_splits_serving_from_the_fit(tmp_path: Path) -> None:
-    """``scripts/record_vs_alone.py``: the run over the plans alone per kind, and each profile's
+def test_record_vs_alone_splits_serving_from_the_fit(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``sim profile vs-record``: the run over the plans alone per kind, and each profile's
     model over the plans alone (here the plans alone took exactly what the model says)."""
     from sim.costs import TableCostModel, read_profile
 
@@ -160,15 +161,13 @@ def test_record_vs_alone_splits_serving_from_the_fit(tmp_path: Path) -> None:
             alone = model.device_time(s.shape) * 1e3
             w.writerow([s.kind, *(getattr(s.shape, c) for c in StepShape.__slots__),
                         alone * slower, alone])  # fmt: skip
-    root = Path(__file__).resolve().parents[1]
-    done = subprocess.run(
-        [sys.executable, "scripts/record_vs_alone.py", str(path), "--profile", profile],
-        cwd=root, capture_output=True, text=True, check=True,
-    )  # fmt: skip
-    lines = {line.split()[0]: line.split() for line in done.stdout.splitlines()[1:]}
+    assert sim_main(["profile", "vs-record", str(path), "--profile", profile]) == 0
+    out = capsys.readouterr().out
+    lines = {line.split()[0]: line.split() for line in out.splitlines()[1:]}
     assert lines["mixed"][2:] == ["1.200", "1.000"] and lines["decode"][2:] == ["0.900", "1.000"]
-    bad = subprocess.run(
-        [sys.executable, "scripts/record_vs_alone.py", str(tmp_path / "none.csv"), "--profile",
-         profile], cwd=root, capture_output=True, text=True,
-    )  # fmt: skip
-    assert bad.returncode == 2 and "error" in bad.stderr
+    other = tmp_path / "other.csv"
+    other.write_text("kind,recorded_device_ms\ndecode,1.0\n")
+    for bad, why in ((tmp_path / "none.csv", "no such file"), (other, "lacks the columns")):
+        assert sim_main(["profile", "vs-record", str(bad), "--profile", profile]) == 2
+        err = capsys.readouterr().err
+        assert err.startswith("sim profile vs-record: error: ") and why in err

@@ -14,7 +14,9 @@ from test_report_synth import Scenario, synthetic_run
 from lab.report import bottleneck_verdict
 from lab.report.verdict import (
     GPU_BUSY_FRACTION,
+    LIMIT_LABELS,
     LIMIT_STEP_FRACTION,
+    QUEUE_TAIL_MS,
     TOKENIZER_TTFT_SHARE,
     WAITING_STEP_FRACTION,
 )
@@ -166,3 +168,33 @@ def test_running_cap_labels_below_the_cap_do_not_count() -> None:
     assert ev["blocked_fraction"]["running_cap"] == pytest.approx(0.7, abs=0.03)
     assert ev["running_cap_below_cap_fraction"] == pytest.approx(0.7, abs=0.03)
     assert verdict["binding_limit"] == "kv_memory"
+
+
+def test_a_queued_tail_is_not_called_underloaded() -> None:
+    """An ``engine bench`` whose step record shows no waiting, yet requests wait seconds
+    before their prefill: the TTFT tail names queueing, with the figures."""
+    run = synthetic_run(Scenario(busy=0.6, waiting_fraction=0.0, scheduler_wait_ms=3_000.0))
+    verdict = bottleneck_verdict(run.summary, run.requests, run.steps, run.queues)
+    ev = verdict["evidence"]
+    assert verdict["binding_limit"] == "queueing"
+    assert "underloaded" not in verdict["limit_label"] + verdict["text"]
+    assert ev["queue_delay_p99_ms"] >= QUEUE_TAIL_MS
+    assert f"TTFT P99 {ev['ttft_p99_ms'] / 1e3:,.1f} s" in verdict["text"]
+    no_steps = bottleneck_verdict({}, run.requests, pd.DataFrame(), pd.DataFrame())
+    assert no_steps["binding_limit"] == "queueing"
+    json.dumps(verdict, allow_nan=False)
+
+
+def test_long_prompts_alone_are_not_queueing() -> None:
+    """A TTFT tail of seconds made by slow prefills of long prompts (a CPU engine) is the
+    prompts' own prefill, not a queue: the run stays unbound."""
+    run = synthetic_run(Scenario())
+    slow = 50 * run.requests["prefill_ms"]
+    requests = run.requests.assign(
+        ttft_ms=run.requests["ttft_ms"] + slow - run.requests["prefill_ms"], prefill_ms=slow
+    )
+    verdict = bottleneck_verdict(run.summary, requests, run.steps, run.queues)
+    assert verdict["evidence"]["ttft_p99_ms"] > 3_000
+    assert verdict["evidence"]["queue_delay_p99_ms"] < QUEUE_TAIL_MS
+    assert verdict["binding_limit"] == "none"
+    assert verdict["limit_label"] == LIMIT_LABELS["none"]

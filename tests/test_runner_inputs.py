@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from core.scheduler import DecodeSlot, Plan, PrefillChunk
+from core.scheduler import DecodeSlot, Plan, PrefillChunk, SchedulerConfig
 from engine.models.setup import ModelNotFoundError, ensure_model, resolve_model, setup_main
 from engine.runner import ModelRunner, RunnerArgs, StepInputs
 from engine.runner.inputs import FROM_LAST_SAMPLE
@@ -20,7 +20,9 @@ SP = SamplingParams(temperature=0.0)
 
 @pytest.fixture(scope="module")
 def runner() -> ModelRunner:
-    return ModelRunner(RunnerArgs(model="tiny-llama", dummy_weights=True, num_pages=8))
+    return ModelRunner(
+        RunnerArgs(model="tiny-llama", dummy_weights=True, scheduler=SchedulerConfig(num_pages=8))
+    )
 
 
 @pytest.mark.parametrize(
@@ -80,7 +82,9 @@ def test_empty_plan_returns_no_tokens(runner: ModelRunner) -> None:
 
 
 def test_leader_with_one_rank_needs_no_process_group() -> None:
-    leader = TPLeader(RunnerArgs(model="tiny-qwen3", dummy_weights=True, num_pages=4))
+    leader = TPLeader(
+        RunnerArgs(model="tiny-qwen3", dummy_weights=True, scheduler=SchedulerConfig(num_pages=4))
+    )
     assert not torch.distributed.is_initialized()
     plan = Plan(0, prefill=(PrefillChunk("a", 0, 3, True, (2,)),))
     assert len(leader.step(plan, StepInputs([[4, 5, 6]], [], [SP], [0])).tokens) == 1
@@ -94,7 +98,7 @@ def test_leader_with_one_rank_needs_no_process_group() -> None:
     [
         (RunnerArgs(model="x", dtype="float8"), "unknown dtype"),
         (RunnerArgs(model="x", tp_size=2), "dist_init"),
-        (RunnerArgs(model="x", num_pages=0), "num_pages"),
+        (RunnerArgs(model="x", mem_fraction=1.5), "mem_fraction"),
         (RunnerArgs(model="x", device="tpu"), "device"),
     ],
 )

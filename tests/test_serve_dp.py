@@ -275,7 +275,7 @@ def test_kill_9_of_a_replica_fails_its_requests_and_the_other_serves_on(
         (["--dp", "2", "--dp-share-gpu"], "--dp-share-gpu shares CUDA devices"),
         (["--device", "cuda", "--dp-share-gpu"], "--dp-share-gpu needs --dp 2 or more"),
         (["--router", "nope"], "invalid choice"),
-        (["--router-load", "bytes"], "load must be one of"),
+        (["--router-load", "bytes"], "invalid choice: 'bytes'"),
     ],
 )
 def test_bad_dp_flags_are_clear_errors(

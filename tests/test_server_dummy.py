@@ -13,7 +13,7 @@ import pytest
 import torch
 from conftest import running_server
 
-from core.scheduler import Plan, PrefillChunk
+from core.scheduler import Plan, PrefillChunk, SchedulerConfig
 from engine.launch.model_source import resolve_source
 from engine.models.setup import ModelNotFoundError
 from engine.runner import ModelRunner, RunnerArgs, StepInputs
@@ -25,7 +25,12 @@ SMOLLM2_IDS = 49152
 
 def test_runner_samples_below_its_vocab_limit() -> None:
     torch.set_num_threads(1)
-    args = RunnerArgs(PRESET, dummy_weights=True, num_pages=16, page_size=8, vocab_limit=7)
+    args = RunnerArgs(
+        PRESET,
+        dummy_weights=True,
+        scheduler=SchedulerConfig(num_pages=16, page_size=8),
+        vocab_limit=7,
+    )
     runner = ModelRunner(args)
     prompt = list(range(3, 23))
     plan = Plan(

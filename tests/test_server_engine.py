@@ -18,7 +18,14 @@ PROMPTS = [[1, 504, 3458, 282], [1, 9690, 198, 2683, 359, 253], [1, 2, 3, 4, 5, 
 
 @pytest.fixture(scope="module")
 def leader(model_ready: str) -> Any:
-    lead = TPLeader(RunnerArgs(model=model_ready, num_pages=64, dtype="float32", cpu_threads=2))
+    lead = TPLeader(
+        RunnerArgs(
+            model=model_ready,
+            scheduler=SchedulerConfig(num_pages=64),
+            dtype="float32",
+            cpu_threads=2,
+        )
+    )
     yield lead
     lead.shutdown()
 

@@ -13,7 +13,7 @@ import httpx
 import pytest
 from conftest import Server, running_server
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
 from serving_load import Stream, stream_completion, wait_idle
 
 pytestmark = pytest.mark.slow

@@ -151,6 +151,24 @@ def test_cluster_outputs(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> 
     assert summary["router"]["policy"] == "cache_aware"
     assert sum(summary["router"]["decisions"].values()) == 60
     assert summary["config"]["router_cache_threshold"] == 0.3
+    assert summary["router"]["warning"] is None  # the trace has hash_ids
+    # the terminal shows the router's decisions and a row per replica, as summary.json has them
+    printed = capsys.readouterr()
+    assert "warning" not in printed.err
+    lines = printed.out.splitlines()
+    decisions = next(line for line in lines if line.startswith("decisions    "))
+    for reason, n in summary["router"]["decisions"].items():
+        assert f"{reason} {n} (" in decisions
+    assert "router       cache_aware (load: requests)" in lines
+    header = next(
+        i for i, line in enumerate(lines) if line.split()[:3] == ["replica", "requests", "done"]
+    )
+    for r, line in zip(summary["replicas"], lines[header + 1 : header + 3], strict=True):
+        cells = line.split()
+        assert cells[:3] == [str(r["replica"]), str(r["requests"]), str(r["completed"])]
+        assert cells[3] == f"{r['prefix_hit_rate']:.1%}"
+        assert cells[7] == f"{r['ttft_ms']['p99']:,.1f}"
+        assert cells[9] == f"{r['tpot_ms']['p99']:,.1f}"
     assert "Replicas" in (out / "report.html").read_text()
     events = json.loads((out / "timeline.json").read_text())["traceEvents"]
     engines = {e["args"]["name"] for e in events if e["name"] == "process_name"}
@@ -174,3 +192,26 @@ def test_bad_cluster_flags_are_clear_errors(
     assert "unknown router policy 'nope'" in capsys.readouterr().err
     assert main([*base, "--replicas", "2", "--router-balance-rel-threshold", "0.5"]) == 2
     assert "balance_rel_threshold must be >= 1" in capsys.readouterr().err
+
+
+def test_cache_aware_on_a_trace_without_hash_ids_says_it_routes_by_load(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """An Azure trace has no prompt block hashes: cache_aware has nothing to match, routes
+    every request to the least loaded replica, and the replay says so once, at the start."""
+    azure = ROOT / "traces" / "azure_conv.csv"
+    base = ["replay", str(azure), "--limit", "40", "--replicas", "2", "--no-progress"]
+    rc = main([*base, "--router", "cache_aware", "--no-report", "--out", str(tmp_path / "a")])
+    assert rc == 0
+    printed = capsys.readouterr()
+    warnings = [line for line in printed.err.splitlines() if "warning" in line]
+    assert len(warnings) == 1
+    assert f"{azure} has no hash_ids" in warnings[0] and "least loaded replica" in warnings[0]
+    summary = json.loads((tmp_path / "a" / "summary.json").read_text())
+    assert summary["router"]["decisions"] == {"least_loaded": 40}
+    assert "has no hash_ids" in summary["router"]["warning"]
+    assert "decisions    least_loaded 40 (100%)" in printed.out
+    # round robin reads no prefix: nothing to warn about
+    base = ["replay", str(azure), "--limit", "40", "--replicas", "2", "--no-progress"]
+    rc = main([*base, "--router", "round_robin", "--no-report", "--out", str(tmp_path / "r")])
+    assert rc == 0 and "warning" not in capsys.readouterr().err

@@ -13,8 +13,8 @@ from sim.costs import hardware, model_shape
 def test_default_kv_pages_come_from_memory_left_after_weights() -> None:
     cfg = build_config()
     llama, h200 = model_shape("llama-3.1-8b"), hardware("h200")
-    kv_bytes = h200.hbm_bytes * 0.9 - llama.params * 2
-    assert cfg.resolved_num_pages() == int(kv_bytes // (16 * llama.kv_bytes_per_token("bf16")))
+    kv_bytes = h200.hbm_bytes * 0.85 - llama.num_params * 2  # mem_fraction, as the engine
+    assert cfg.resolved_num_pages() == int(kv_bytes // (16 * llama.kv_bytes_per_token(2)))
     tp2 = build_config(tp=2)
     assert tp2.resolved_num_pages() > 2 * cfg.resolved_num_pages()  # weights split, KV heads split
     assert build_config(kv_memory_gb=1.0).resolved_num_pages() == int(1e9 // (16 * 131072))

@@ -86,14 +86,20 @@ def test_replay_names_its_cost_model_and_why(
     assert cm["chosen"].startswith("by default: the committed profile of llama-3.1-8b on h200")
     assert summary["config"]["cost_model_by_default"] is True
     assert "cost model   table (profile: " in printed and "chosen       by default: " in printed
-    assert "warning      the profile is of a CUDA engine" in printed  # the strict loop, unasked
+    # the profile's engine overlaps on CUDA, so the replay does, unasked, and says so
+    assert summary["config"]["overlap"] is True and summary["config"]["overlap_by_default"]
+    assert "overlap      on (the profile's engine runs it on cuda;" in printed
+    assert "CUDA engine" not in printed  # no warning to add --overlap: the default is it
     assert main([*base, "--cost-model", "roofline", "--out", str(tmp_path / "r")]) == 0
     summary = json.loads((tmp_path / "r" / "summary.json").read_text())
     assert summary["cost_model"]["name"] == "roofline"
     assert summary["cost_model"]["chosen"] == "as requested"
-    assert "CUDA engine" not in capsys.readouterr().out  # no profile
-    assert main([*base, "--overlap", "--out", str(tmp_path / "o")]) == 0
-    assert "CUDA engine" not in capsys.readouterr().out  # overlapped, as the engine
+    assert summary["config"]["overlap"] is False  # no profile, no engine's loop to follow
+    assert "overlap      off (no profile names an engine" in capsys.readouterr().out
+    assert main([*base, "--no-overlap", "--out", str(tmp_path / "o")]) == 0
+    assert "overlap      off (as requested)" in capsys.readouterr().out
+    summary = json.loads((tmp_path / "o" / "summary.json").read_text())
+    assert summary["config"]["overlap"] is False and summary["overlap"] == "off (as requested)"
     host = "profiles/cpu-epyc-2core_smollm2-135m.csv"  # CPU stage costs of another host first
     assert main([*base, "--cpu-profile", host, "--out", str(tmp_path / "c")]) == 0
     summary = json.loads((tmp_path / "c" / "summary.json").read_text())
@@ -102,9 +108,35 @@ def test_replay_names_its_cost_model_and_why(
 
 def test_sweeps_build_their_configs_the_same_way(tmp_path: Path) -> None:
     trace = ROOT / "traces" / "azure_code.csv"
-    grid = {"cost_model": ["roofline", "table"], "rate_scale": [1.0]}
+    grid: dict[str, list[object]] = {"cost_model": ["roofline", "table"], "rate_scale": [1.0]}
     plan = plan_grid(grid, trace, 10, None, {})
     chosen = [(p.config["cost_model"], p.config["cost_model_by_default"]) for p in plan.probes]
     assert chosen == [("roofline", False), ("table", True)]
     plan = plan_grid({"policy": ["fcfs"]}, trace, 10, None, {})
     assert plan.probes[0].config["cost_model"] == "table"
+
+
+def test_the_loop_follows_the_profiles_engine_unless_asked(tmp_path: Path) -> None:
+    """A CUDA profile's engine overlaps scheduling, a CPU profile's does not; a flag, a config
+    file or a grid knob overrides that, in sim replay, sweep and capacity alike."""
+    cpu = "profiles/cpu-xeon-2core_smollm2-135m.csv"
+    assert read_profile(H200).provenance["device"] == "cuda"
+    assert read_profile(ROOT / cpu).provenance["device"] == "cpu"
+    cuda_default = build_config()
+    assert (cuda_default.overlap, cuda_default.overlap_by_default) == (True, True)
+    assert cuda_default.overlap_choice().startswith("on (the profile's engine runs it on cuda")
+    on_cpu = build_config(model="smollm2-135m", profile=str(ROOT / cpu))
+    assert (on_cpu.overlap, on_cpu.overlap_by_default) == (False, True)
+    assert "strict loop" in on_cpu.overlap_choice()
+    asked = build_config(overlap=False)
+    assert (asked.overlap, asked.overlap_by_default) == (False, False)
+    config_file = tmp_path / "c.toml"
+    config_file.write_text("overlap = false\n")
+    assert build_config(config_file).overlap is False
+    trace = ROOT / "traces" / "azure_code.csv"
+    plan = plan_grid({"overlap": [False, True], "max_running": [64]}, trace, 10, None, {})
+    assert [p.config["overlap"] for p in plan.probes] == [False, True]
+    plan = plan_grid({"max_running": [64]}, trace, 10, None, {"overlap": None})
+    assert plan.probes[0].config["overlap"] is True  # the committed H200 profile's engine
+    plan = plan_grid({"max_running": [64]}, trace, 10, None, {"overlap": False})
+    assert plan.probes[0].config["overlap"] is False

@@ -22,7 +22,7 @@ PINS = json.loads((ROOT / "tests" / "data" / "replay_pins.json").read_text())
 of the Mooncake trace (strict and overlapped), written before the tables streamed
 (``requests.csv`` re-pinned when it gained the server token columns, its other columns
 checked equal to the earlier file's), priced by ``PINNED_PROFILE``."""
-PINNED_PROFILE = ROOT / "reports/validate/h200/decode_split/h200_llama-3.1-8b_before_split.csv"
+PINNED_PROFILE = ROOT / "reports/validate_h200/h200_llama-3.1-8b_before_split.csv"
 """The committed H200 profile when the pins were made (the default cost model then)."""
 EXACT_SUMS = {("itl_ms", "mean"), ("replicas", "busy_share")}
 """Now exact sums (``schema.exactsum``): equal to the pinned float sums to 1e-14."""
@@ -37,9 +37,10 @@ def _replay(out: Path, *args: str) -> dict:
 
 
 def _close(pinned: object, got: object, path: tuple[str, ...] = ()) -> None:
-    """``got`` equals ``pinned`` (floats of ``EXACT_SUMS`` to 1e-14 relative)."""
+    """``got`` equals ``pinned`` (floats of ``EXACT_SUMS`` to 1e-14 relative); keys added to the
+    summary since (a replica's P99 and TPOT) are not pinned."""
     if isinstance(pinned, dict):
-        assert isinstance(got, dict) and pinned.keys() == got.keys(), path
+        assert isinstance(got, dict) and pinned.keys() <= got.keys(), path
         for k in pinned:
             _close(pinned[k], got[k], (*path, k))
     elif isinstance(pinned, list):
@@ -55,8 +56,10 @@ def _close(pinned: object, got: object, path: tuple[str, ...] = ()) -> None:
 @pytest.mark.parametrize("mode", ["strict", "overlap"])
 def test_replay_outputs_equal_those_pinned_before_streaming(tmp_path: Path, mode: str) -> None:
     overlap = "--overlap" if mode == "overlap" else "--no-overlap"
-    # the pins are of the frontend's intake and streaming in two queues, the model then
-    summary = _replay(tmp_path, overlap, "--profile", str(PINNED_PROFILE), "--no-frontend-loop")
+    # the pins are of the frontend's intake and streaming in two queues, the model then, and
+    # the KV pool of 0.9 of the GPU's memory (the simulator's default then)
+    summary = _replay(tmp_path, overlap, "--profile", str(PINNED_PROFILE), "--no-frontend-loop",
+                      "--mem-fraction", "0.9")  # fmt: skip
     pins = PINS[mode]
     for name in TABLES:
         assert hashlib.sha256((tmp_path / name).read_bytes()).hexdigest() == pins["files"][name]

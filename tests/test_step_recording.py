@@ -288,8 +288,10 @@ def test_sigterm_writes_the_steps_still_kept(recording: tuple[Server, Path, bool
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 def test_cuda_times_each_step_on_the_device(tmp_path: Path) -> None:
     """CUDA events time each step's device work (CUDA graphs included), read with its tokens."""
-    runner = ModelRunner(RunnerArgs(model="qwen3-0.6b", dummy_weights=True, device="cuda",
-                                    num_pages=256, max_running=8))  # fmt: skip
+    core = SchedulerConfig(num_pages=256, max_running=8)
+    runner = ModelRunner(
+        RunnerArgs(model="qwen3-0.6b", dummy_weights=True, device="cuda", scheduler=core)
+    )
     runner.time_steps = True
     recorder = StepRecorder(tmp_path / "steps.csv")
     config = SchedulerConfig(num_pages=runner.num_pages, page_size=runner.page_size)

@@ -99,7 +99,7 @@ def tp2_leader(tmp_path: Path) -> Iterator[TPLeader]:
     args = RunnerArgs(
         model="smollm2-135m",
         tp_size=2,
-        num_pages=64,
+        scheduler=SchedulerConfig(num_pages=64),
         dist_init=f"file://{tmp_path / 'rendezvous'}",
         cpu_threads=1,
     )
@@ -110,7 +110,9 @@ def tp2_leader(tmp_path: Path) -> Iterator[TPLeader]:
 @pytest.mark.slow
 @pytest.mark.timeout(180)
 def test_tp2_greedy_equals_tp1(tp2_leader: TPLeader, prompts: list[list[int]]) -> None:
-    tp1 = ModelRunner(RunnerArgs(model="smollm2-135m", num_pages=64, cpu_threads=1))
+    tp1 = ModelRunner(
+        RunnerArgs(model="smollm2-135m", scheduler=SchedulerConfig(num_pages=64), cpu_threads=1)
+    )
     expected = _generate(tp1.launch, prompts)
     del tp1
     assert tp2_leader.runner.kv.num_kv_heads == 2  # rank 0 holds 2 of the 3 KV heads
@@ -121,7 +123,12 @@ def test_tp2_greedy_equals_tp1(tp2_leader: TPLeader, prompts: list[list[int]]) -
 @pytest.mark.timeout(180)
 def test_tp4_greedy_equals_tp1(tmp_path: Path) -> None:
     """Four gloo ranks of the toy Llama (4 query / 2 KV heads: each KV head on two ranks)."""
-    base = RunnerArgs(model="tiny-llama", dummy_weights=True, num_pages=64, cpu_threads=1)
+    base = RunnerArgs(
+        model="tiny-llama",
+        dummy_weights=True,
+        scheduler=SchedulerConfig(num_pages=64),
+        cpu_threads=1,
+    )
     prompts = [[(7 * i + j) % 500 + 3 for j in range(n)] for i, n in enumerate((5, 30, 17))]
     expected = _generate(ModelRunner(base).launch, prompts)
     args = replace(base, tp_size=4, dist_init=f"file://{tmp_path / 'rendezvous'}")
@@ -143,7 +150,7 @@ def test_follower_exits_when_rank0_dies(tmp_path: Path) -> None:
         model="tiny-llama",
         dummy_weights=True,
         tp_size=2,
-        num_pages=8,
+        scheduler=SchedulerConfig(num_pages=8),
         dist_init=f"file://{tmp_path / 'rendezvous'}",
         cpu_threads=1,
     )

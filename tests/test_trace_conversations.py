@@ -1,21 +1,17 @@
-"""``scripts/trace_conversations.py``: whole conversations kept, lines unchanged, in order."""
+"""``sim trace conversations``: whole conversations kept, lines unchanged, in order."""
 
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "trace_conversations.py"
-sys.path.insert(0, str(SCRIPT.parent))
-
-from trace_conversations import conversation_key, sample  # noqa: E402
-
-from schema.traces import load_trace  # noqa: E402
+from lab.cli.sim import main as sim_main
+from schema.traces import load_trace
+from schema.traces.conversations import conversation_key, sample
 
 
 def line(t: float, conv: int, turn: int) -> str:
@@ -56,20 +52,29 @@ def test_sample_keeps_whole_conversations_in_order(
         assert len(fitting) == 2 * sum(1 for n in turns if n == 2)
 
 
-def test_command_writes_a_trace_the_reader_takes(tmp_path: Path) -> None:
+def test_command_writes_a_trace_the_reader_takes(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     src = tmp_path / "conv.jsonl"
-    src.write_text("".join(line(100.0 * i + c, c, i) for i in range(3) for c in range(20)))
+    src.write_text("".join(line(5000.0 + 100 * i + c, c, i) for i in range(3) for c in range(20)))
     out = tmp_path / "sample.jsonl"
-    done = subprocess.run(
-        [sys.executable, str(SCRIPT), str(src), "--fraction", "0.5", "--seed", "3",
-         "--out", str(out)], capture_output=True, text=True, check=True,
-    )  # fmt: skip
+    command = ["trace", "conversations", str(src), "--fraction", "0.5", "--seed", "3"]
+    assert sim_main([*command, "--out", str(out)]) == 0
     requests = load_trace(out).requests
-    assert f"wrote {len(requests)} requests" in done.stdout
+    assert f"wrote {len(requests)} requests" in capsys.readouterr().out
     assert 0 < len(requests) < 60 and len(requests) % 3 == 0  # whole conversations of 3
-    assert requests[0].arrival == 0.0  # arrivals relative to the first kept request
-    bad = subprocess.run(
-        [sys.executable, str(SCRIPT), str(tmp_path / "t.csv"), "--fraction", "0.5",
-         "--out", str(out)], capture_output=True, text=True,
-    )  # fmt: skip
-    assert bad.returncode == 2 and "a .jsonl trace" in bad.stderr
+    assert requests[0].arrival == 0.0  # timestamps moved: the first kept request at 0
+    source = {(r.input_length, r.hash_ids): r.arrival for r in load_trace(src).requests}
+    start = source[requests[0].input_length, requests[0].hash_ids]
+    moved = [source[r.input_length, r.hash_ids] - start for r in requests]
+    assert [r.arrival for r in requests] == pytest.approx(moved)
+    for bad, why in (
+        ([str(tmp_path / "t.csv"), "--fraction", "0.5"], "a .jsonl trace"),
+        ([str(tmp_path / "none.jsonl"), "--fraction", "0.5"], "no such trace file"),
+        ([str(src), "--fraction", "1.5"], "need 0 < --fraction <= 1"),
+    ):
+        assert sim_main(["trace", "conversations", *bad, "--out", str(tmp_path / "x")]) == 2
+        err = capsys.readouterr().err
+        assert err.startswith("sim trace conversations: error: ") and why in err
+        assert len(err.splitlines()) == 1
+    assert not (tmp_path / "x").exists()

@@ -7,7 +7,7 @@ loaded, then the first added). If that match covers more than
 ``cache_threshold`` of the prompt (``RouteRequest.share``: in tokens for a
 trace's 512-token blocks, whose last one is partial; a share counted in blocks
 sent a conversation's next turn elsewhere than the server, which keys text,
-``reports/cluster/cpu_routers/``), send it there ("cache_hit"); else send it to
+``reports/cluster/``), send it there ("cache_hit"); else send it to
 the balanced worker whose tree holds the fewest prompt tokens, SGLang's "most
 available cache capacity" (ties: the less loaded, then the first added;
 "cache_miss"): new prefixes spread over the workers whatever their momentary
@@ -15,7 +15,7 @@ load. A tree's entries are weighed by the tokens they stand for (a request's
 tokens over its key's items), not counted: the server keys text in 16-character
 chunks and a trace's requests by 512-token blocks, and counted entries made the
 two worlds place a conversation's first turn differently
-(``reports/cluster/cpu_routers/``, last section). Whichever worker gets it, the
+(``reports/cluster/``). Whichever worker gets it, the
 key goes into that worker's tree. The least loaded worker is always balanced, so
 a request never lands on a worker beyond the balance threshold.
 """

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from core.settings import setting
+
 LOADS = ("requests", "tokens")
 
 
@@ -29,15 +31,31 @@ class RouterConfig:
     worker after that session's last request.
     """
 
-    policy: str = "round_robin"
-    load: str = "requests"
-    seed: int = 0
-    cache_threshold: float = 0.5
-    balance_abs_threshold: int = 32
-    balance_rel_threshold: float = 1.5
-    prefix_ttl_s: float = 120.0
-    max_prefix_items: int = 1 << 20
-    session_ttl_s: float = 600.0
+    policy: str = setting("round_robin", "routing policy")
+    load: str = setting(
+        "requests",
+        "what least-loaded counts: outstanding requests, or tokens (prompt + expected output)",
+        choices=LOADS,
+    )
+    seed: int = setting(0, "seed of the router's own random choices (power_of_two)")
+    cache_threshold: float = setting(
+        0.5, "cache_aware: the cached-prefix match ratio above which the longest match wins"
+    )
+    balance_abs_threshold: int = setting(
+        32,
+        "cache_aware: a load this far above the least (and the relative threshold) is imbalanced",
+    )
+    balance_rel_threshold: float = setting(
+        1.5,
+        "cache_aware: a load this many times the least (and the absolute threshold) is imbalanced",
+    )
+    prefix_ttl_s: float = setting(
+        120.0, "cache_aware: seconds a prefix entry lives after its last use"
+    )
+    max_prefix_items: int = setting(1 << 20, "cache_aware: key items each worker's tree holds")
+    session_ttl_s: float = setting(
+        600.0, "session_sticky: seconds a session stays pinned after its last request"
+    )
 
     def __post_init__(self) -> None:
         if self.load not in LOADS:

@@ -3,8 +3,11 @@
 The key ``router`` names the policy; every other field ``f`` is the key
 ``router_f`` (flag ``--router-f``), so a simulator config holds the router's
 settings beside the scheduler's without a clash (both have a ``policy`` and
-a ``seed``). The flags default to None, so that a value left out keeps what a
-config file or the field's default says.
+a ``seed``). ``engine serve --dp``, ``sim replay`` and ``engine router`` all
+build these flags here, from the fields' defaults and help (``core.settings``);
+``engine router`` also takes the fields' own names (``--policy``, ``--load``).
+The flags default to None, so that a value left out keeps what a config file
+or the field's default says.
 """
 
 from __future__ import annotations
@@ -15,6 +18,7 @@ from typing import Any
 
 from core.router.config import RouterConfig
 from core.router.policy import POLICIES, make_policy
+from core.settings import add_flag
 
 ROUTER_KEYS = {"router": "policy"} | {
     f"router_{f.name}": f.name for f in fields(RouterConfig) if f.name != "policy"
@@ -22,20 +26,29 @@ ROUTER_KEYS = {"router": "policy"} | {
 """Flat key -> ``RouterConfig`` field."""
 
 
-def add_router_flags(parser: argparse.ArgumentParser, replicas_flag: str = "--replicas N") -> None:
-    """``--router POLICY`` and one ``--router-field`` flag per other field, in a group."""
-    group = parser.add_argument_group(
-        "router", f"the router core's settings (with {replicas_flag})"
-    )
-    defaults = RouterConfig()
+def router_flag(key: str) -> str:
+    """The flag of the flat key ``key``: ``--router``, ``--router-load``, ..."""
+    return "--" + key.replace("_", "-")
+
+
+def add_router_flags(
+    parser: argparse.ArgumentParser, replicas_flag: str = "--replicas N", bare: bool = False
+) -> None:
+    """``--router POLICY`` and one ``--router-field`` flag per other field, in a group. With
+    ``bare`` each also answers to the field's own name (``--policy``, ``--load``, ...)."""
+    with_ = f" (with {replicas_flag})" if replicas_flag else ""
+    group = parser.add_argument_group("router", f"the router core's settings{with_}")
+    by_name = {f.name: f for f in fields(RouterConfig)}
     for key, name in ROUTER_KEYS.items():
-        default = getattr(defaults, name)
-        help_ = f"RouterConfig.{name} (default: {default})"
-        flag = "--" + key.replace("_", "-")
-        if name == "policy":
-            group.add_argument(flag, choices=sorted(POLICIES), default=None, help=help_)
-        else:
-            group.add_argument(flag, type=type(default), default=None, help=help_)
+        names = [router_flag(key)] + (["--" + name.replace("_", "-")] if bare else [])
+        choices = sorted(POLICIES) if name == "policy" else None
+        add_flag(group, by_name[name], names, dest=key, choices=choices)
+
+
+def router_config(args: argparse.Namespace) -> RouterConfig:
+    """The router core's settings from the router flags given; ``ValueError`` if bad."""
+    given = {k: v for k, v in vars(args).items() if k in ROUTER_KEYS and v is not None}
+    return pop_router_config(given)
 
 
 def pop_router_config(values: dict[str, Any]) -> RouterConfig:

@@ -5,10 +5,10 @@ chunks fit a budget of CTAs (two per SM for each KV head): in a decode batch of
 more rows than that, or one whose CUDA graph pads it past that, a long request's
 KV is walked by one CTA per head, and that walk decides the step's time (a
 120,001-token request in a decode batch of 17: 30 ms, against 9.4 ms at 16;
-``reports/validate/h200/long_context/``). Cutting such a row into pieces of at
-most ``piece`` tokens, each a sequence of its own with the row's query, bounds
-the walk; the pieces' outputs merge by their log-sum-exp (base 2, as FlashInfer
-returns it).
+``git show f45904a:reports/validate/h200/long_context/README.md``). Cutting such a
+row into pieces of at most ``piece`` tokens, each a sequence of its own with the
+row's query, bounds the walk; the pieces' outputs merge by their log-sum-exp (base
+2, as FlashInfer returns it).
 
 The piece spreads the decode rows' KV evenly over the budget: ``piece_tokens``
 is ``max(min_tokens, total KV / slots)``, a whole number of pages. A step is cut

@@ -17,7 +17,7 @@ reuses, grown to the largest gather so far. A fresh pair of tensors per layer wo
 tens of MiB a step at a few thousand tokens of context per request: the host allocator
 serves blocks that large with ``mmap`` and every layer pays their page faults again (a
 SmolLM2 decode step of 32 x 2,049 contexts took 1.74 times as long that way,
-``reports/cpu_host_memory/``).
+``reports/cpu_speed/``).
 """
 
 from __future__ import annotations

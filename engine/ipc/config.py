@@ -2,14 +2,18 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import msgspec
 
 from core.router import RouterConfig
 from core.scheduler import SchedulerConfig
+from core.settings import derived, non_negative_float, positive_float, positive_int, setting
+from engine.runner.args import RunnerArgs
 
 MAX_REQUEST_BYTES = 8 * 2**20  # an escaped 128k-token prompt fits with room to spare
+LOG_LEVELS = ("debug", "info", "warning", "error")
 
 
 class SocketAddr:
@@ -22,18 +26,25 @@ class SocketAddr:
         return cfg.addr(self.name)
 
 
-class ServeConfig(msgspec.Struct, kw_only=True):
+@dataclass(kw_only=True)
+class ServeConfig:
     """Everything the children need, written as JSON into the run directory.
 
-        ``model`` is the name clients use; ``model_path`` is the HF folder it
-        resolved to, or a preset name (dummy weights). ``tokenizer_path`` is the HF
-        folder of the tokenizer, chat template and ``eos_token_ids``; ``vocab_size``
-        the model's vocabulary, of which sampling draws only the first
-        ``vocab_limit`` ids (None: all). ``max_model_len`` bounds prompt plus output
-        tokens. ``max_queued`` bounds the requests waiting for their first token
-        (None: unbounded), ``request_timeout`` the seconds a request may take
-        (None: no limit), ``drain_timeout`` the seconds SIGTERM lets open requests
-        finish (0: stop at once). A request body over ``max_request_bytes`` is a 413.
+    The fields made with ``setting`` are ``engine serve``'s flags (their help and
+    defaults are declared here once, ``core.settings``); ``runner`` holds the
+    runner's (``engine.runner.args.RunnerArgs``), which holds the scheduler
+    core's, and ``router`` the router core's. The ``derived`` fields are filled
+    in at launch:
+
+    ``model`` is the name clients use; ``runner.model`` is the HF folder it
+    resolved to, or a preset name (dummy weights). ``tokenizer_path`` is the HF
+    folder of the tokenizer, chat template and ``eos_token_ids``; ``vocab_size``
+    the model's vocabulary, of which sampling draws only the first
+    ``runner.vocab_limit`` ids (None: all). ``max_model_len`` bounds prompt plus
+    output tokens. ``max_queued`` bounds the requests waiting for their first
+    token (None: unbounded), ``request_timeout`` the seconds a request may take
+    (None: no limit), ``drain_timeout`` the seconds SIGTERM lets open requests
+    finish (0: stop at once). A request body over ``max_request_bytes`` is a 413.
     With ``gc_freeze`` every process freezes its heap once it is ready
     (``engine.ipc.heap``). With ``record_steps`` (an absolute path) scheduler
     rank 0 writes the step record there (``schema.steprecord``; each replica's to
@@ -45,46 +56,102 @@ class ServeConfig(msgspec.Struct, kw_only=True):
     the one frontend, which places every request with a ``router`` core; a
     replica's processes read the config with ``replica`` set to theirs (the
     frontend and the tokenizer workers, shared by all, read replica 0's).
-    ``gpu_share`` is how many replicas share each of this replica's GPUs: each
-    then takes that share of ``mem_fraction`` of a GPU's memory.
+    ``runner.gpu_share`` is how many replicas share each of this replica's GPUs:
+    each then takes that share of ``runner.mem_fraction`` of a GPU's memory.
     """
 
-    model: str
-    model_path: str
-    tokenizer_path: str
-    vocab_size: int
-    run_dir: str
-    parent_pid: int
-    max_model_len: int
-    eos_token_ids: list[int] = msgspec.field(default_factory=list)
-    vocab_limit: int | None = None
-    device: str = "cpu"
-    dtype: str = "auto"
-    tp_size: int = 1
-    dp_size: int = 1
-    replica: int = 0
-    router: RouterConfig = msgspec.field(default_factory=RouterConfig)
-    gpu_share: int = 1
-    num_tokenizers: int = 1
-    host: str = "127.0.0.1"
-    port: int = 8000
-    dummy_weights: bool = False
-    api_key: str | None = None
-    max_queued: int | None = None
-    request_timeout: float | None = None
-    drain_timeout: float = 20.0
-    max_request_bytes: int = MAX_REQUEST_BYTES
-    scheduler: SchedulerConfig = msgspec.field(default_factory=SchedulerConfig)
-    attention_backend: str = "auto"
-    cuda_graph: bool = True
-    overlap: bool | None = None  # None: on for CUDA, off for CPU
-    cpu_threads: int | None = None
-    seed: int = 0
-    dist_init: str = ""
-    log_level: str = "info"
-    gc_freeze: bool = True  # freeze each process's start-up heap (engine.ipc.heap)
-    record_steps: str | None = None
-    hardware: str = ""
+    model: str = setting(help="known model name, HF folder, or (dummy weights) a preset")
+    runner: RunnerArgs = field(metadata={"derived": "the runner's settings (their own flags)"})
+    tokenizer_path: str = field(metadata={"derived": "--tokenizer or the model's own"})
+    vocab_size: int = field(metadata={"derived": "the model's config"})
+    run_dir: str = field(metadata={"derived": "a private folder made at launch"})
+    parent_pid: int = field(metadata={"derived": "the launching process"})
+    max_model_len: int = field(metadata={"derived": "--max-model-len within the model's context"})
+    eos_token_ids: list[int] = field(default_factory=list, metadata={"derived": "the tokenizer's"})
+    dp_size: int = setting(
+        1,
+        "data-parallel replicas behind this frontend, each its own scheduler and TP group "
+        "(on CUDA its own --tp GPUs); --router picks one for every request",
+        flag="--dp",
+        parse=positive_int,
+    )
+    replica: int = derived(0, "each replica's index")
+    router: RouterConfig = field(
+        default_factory=RouterConfig, metadata={"derived": "the router core's settings"}
+    )
+    num_tokenizers: int = setting(1, "tokenizer worker processes", parse=positive_int)
+    host: str = setting("127.0.0.1", "address to listen on")
+    port: int = setting(8000, "port to listen on; 0 picks a free port")
+    api_key: str | None = setting(None, "require 'Authorization: Bearer KEY'")
+    max_queued: int | None = setting(
+        None,
+        "requests that may wait for their first token; beyond it 429 with Retry-After "
+        "(default: unbounded)",
+        parse=positive_int,
+    )
+    request_timeout: float | None = setting(
+        None,
+        "seconds a request may take before it is aborted with 504 (default: none)",
+        parse=positive_float,
+    )
+    drain_timeout: float = setting(
+        20.0,
+        "on SIGTERM, seconds open requests may take to finish while new ones get 503 "
+        "(0: stop at once)",
+        parse=non_negative_float,
+    )
+    max_request_bytes: int = setting(
+        MAX_REQUEST_BYTES,
+        "largest request body in bytes; a larger one is refused with 413 before it is parsed",
+        parse=positive_int,
+    )
+    overlap: bool | None = setting(
+        None, "launch step N+1 before finishing step N (default: on for CUDA, off for CPU)"
+    )
+    log_level: str = setting("info", "log level of every process", choices=LOG_LEVELS)
+    gc_freeze: bool = setting(
+        True,
+        "freeze each process's start-up heap out of the garbage collector's scans once it "
+        "is ready, so that a full collection does not stall serving",
+    )
+    record_steps: str | None = setting(
+        None,
+        "write every step scheduler rank 0 runs to PATH as CSV (the step record: "
+        "schema/steprecord.py), in batches and at exit; with --dp N, replica K's to "
+        "STEM.replicaK.SUFFIX beside PATH",
+        metavar="PATH",
+    )
+    hardware: str = derived("", "what scheduler rank 0 reports it runs on")
+
+    @property
+    def scheduler(self) -> SchedulerConfig:
+        """The scheduler core's settings (the runner builds the KV pool they describe)."""
+        return self.runner.scheduler
+
+    @property
+    def device(self) -> str:
+        return self.runner.device
+
+    @property
+    def tp_size(self) -> int:
+        return self.runner.tp_size
+
+    @property
+    def model_path(self) -> str:
+        """The HF folder or preset the model resolved to."""
+        return self.runner.model
+
+    @property
+    def vocab_limit(self) -> int | None:
+        return self.runner.vocab_limit
+
+    @property
+    def gpu_share(self) -> int:
+        return self.runner.gpu_share
+
+    @property
+    def dummy_weights(self) -> bool:
+        return self.runner.dummy_weights
 
     @property
     def overlap_on(self) -> bool:

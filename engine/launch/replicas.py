@@ -9,8 +9,7 @@ the cores.
 from __future__ import annotations
 
 import socket
-
-import msgspec
+from dataclasses import replace
 
 from engine.ipc.config import ServeConfig
 
@@ -54,13 +53,11 @@ def replica_configs(cfg: ServeConfig, share_gpu: bool) -> list[ServeConfig]:
         device = cfg.device
         if cfg.device == "cuda" and not share_gpu:
             device = f"cuda:{r * cfg.tp_size}"
-        out.append(
-            msgspec.structs.replace(
-                cfg,
-                replica=r,
-                device=device,
-                gpu_share=cfg.dp_size if share_gpu else 1,
-                dist_init=f"tcp://127.0.0.1:{free_tcp_port()}" if cfg.tp_size > 1 else "",
-            )
+        runner = replace(
+            cfg.runner,
+            device=device,
+            gpu_share=cfg.dp_size if share_gpu else 1,
+            dist_init=f"tcp://127.0.0.1:{free_tcp_port()}" if cfg.tp_size > 1 else "",
         )
+        out.append(replace(cfg, replica=r, runner=runner))
     return out

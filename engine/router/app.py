@@ -21,7 +21,7 @@ from aiohttp import web
 from core.router import Health, NoWorkerAvailable
 from engine.ipc.config import MAX_REQUEST_BYTES
 from engine.router import metrics
-from engine.router.keys import route_request
+from engine.router.keys import body_route
 from engine.router.service import RouterService
 from engine.router.upstream import END, Exchange, Failure, Head
 from engine.server.errors import error_body
@@ -130,7 +130,7 @@ async def forward(service: RouterService, request: web.Request) -> web.StreamRes
     if service.draining:
         service.rejected["draining"] += 1
         return error("the router is shutting down; retry on another router", 503)
-    route = route_request(service.new_rid(), payload)
+    route = body_route(service.new_rid(), payload)
     tried: set[str] = set()
     while True:
         try:

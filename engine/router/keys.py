@@ -1,7 +1,7 @@
-"""What the router reads of a request body: its prompt as a prefix key, its size, its session.
+"""What ``engine router`` reads of a request body: its prompt, output limit and session.
 
-The key and the size of a prompt are ``core.router.prompt_key``'s (text in
-``TEXT_CHUNK``-character chunks, token ids as they are).
+The request it places is ``core.router.prompt_key.route_request``'s, the same as
+the frontend of ``engine serve --dp`` builds (a chat's text by ``chat_text``).
 """
 
 from __future__ import annotations
@@ -9,28 +9,27 @@ from __future__ import annotations
 from typing import Any
 
 from core.router import RouteRequest
-from core.router.prompt_key import prompt_key
+from core.router.prompt_key import chat_text, route_request
 
 OUTPUT_LIMIT_FIELDS = ("max_completion_tokens", "max_tokens", "max_new_tokens")
 
 
-def route_request(rid: str, body: dict[str, Any]) -> RouteRequest:
+def body_route(rid: str, body: dict[str, Any]) -> RouteRequest:
     """The ``RouteRequest`` of a chat, completion or native ``/generate`` body.
 
     A field of the wrong type is skipped here (the worker answers it with a 400).
     """
-    key, input_tokens = prompt_key(*prompt_of(body))
     session = next(
         (body[k] for k in ("prompt_cache_key", "user") if isinstance(body.get(k), str)), None
     )
-    return RouteRequest(rid, key, input_tokens, output_limit(body), session)
+    return route_request(rid, *prompt_of(body), output_limit(body), session)
 
 
 def prompt_of(body: dict[str, Any]) -> tuple[str, list[int] | None]:
     """The prompt as text, or as token ids when the body gives ids."""
     messages = body.get("messages")
     if isinstance(messages, list):
-        return "".join(message_text(m) for m in messages), None
+        return chat_text(message_text(m) for m in messages), None
     for name in ("prompt", "text", "input_ids"):
         value = body.get(name)
         if isinstance(value, list) and value and isinstance(value[0], (str, list)):
@@ -42,18 +41,17 @@ def prompt_of(body: dict[str, Any]) -> tuple[str, list[int] | None]:
     return "", None
 
 
-def message_text(message: object) -> str:
+def message_text(message: object) -> tuple[str, str]:
+    """A body's chat message as (role, content text); what is not text counts as empty."""
     if not isinstance(message, dict):
-        return ""
+        return "", ""
     content = message.get("content")
     if isinstance(content, list):
         content = "".join(
             p["text"] for p in content if isinstance(p, dict) and isinstance(p.get("text"), str)
         )
     role = message.get("role")
-    return (
-        f"{role if isinstance(role, str) else ''}\n{content if isinstance(content, str) else ''}\n"
-    )
+    return (role if isinstance(role, str) else ""), (content if isinstance(content, str) else "")
 
 
 def output_limit(body: dict[str, Any]) -> int:

@@ -1,4 +1,8 @@
-"""``engine router --worker URL [--worker URL ...] --policy P``: route requests over workers."""
+"""``engine router --worker URL [--worker URL ...] --router P``: route requests over workers.
+
+The router's settings are the ``--router-*`` flags ``engine serve --dp`` and ``sim replay``
+take (``core.router.options``); each also answers to its field's name (``--policy``, ``--load``).
+"""
 
 from __future__ import annotations
 
@@ -9,27 +13,16 @@ import signal
 import socket
 import sys
 from collections.abc import Callable
-from dataclasses import fields
 
 from aiohttp import web
 
-from core.router import POLICIES, RouterConfig
+from core.router.options import add_router_flags, router_config
 from engine.router.app import create_app
 from engine.router.service import HealthCheck, RouterService
 from engine.server.listener import bind_listener
 from engine.server.logs import configure_logging
 
 log = logging.getLogger("engine.router")
-CONFIG_FLAGS = (
-    "load",
-    "seed",
-    "cache_threshold",
-    "balance_abs_threshold",
-    "balance_rel_threshold",
-    "prefix_ttl_s",
-    "max_prefix_items",
-    "session_ttl_s",
-)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -43,16 +36,7 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="URL",
         help="a worker's base URL, e.g. http://127.0.0.1:8001 (repeat for each)",
     )
-    defaults = {f.name: f.default for f in fields(RouterConfig)}
-    p.add_argument("--policy", default=defaults["policy"], choices=sorted(POLICIES))
-    for name in CONFIG_FLAGS:
-        default = defaults[name]
-        p.add_argument(
-            f"--{name.replace('_', '-')}",
-            type=type(default),
-            default=default,
-            help=f"RouterConfig.{name} (default {default})",
-        )
+    add_router_flags(p, "", bare=True)
     check = HealthCheck()
     p.add_argument("--health-interval", type=float, default=check.interval_s, metavar="S")
     p.add_argument("--health-timeout", type=float, default=check.timeout_s, metavar="S")
@@ -135,7 +119,7 @@ def router_main(argv: list[str]) -> int:
         workers = [worker_url(w) for w in args.worker]
         if len(set(workers)) != len(workers):
             raise ValueError("a worker is given twice")
-        config = RouterConfig(policy=args.policy, **{k: getattr(args, k) for k in CONFIG_FLAGS})
+        config = router_config(args)
         check = HealthCheck(args.health_interval, args.health_timeout, args.health_failures)
         if check.interval_s <= 0 or check.timeout_s <= 0 or check.failures < 1:
             raise ValueError("health interval and timeout must be > 0, failures >= 1")

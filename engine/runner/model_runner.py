@@ -30,14 +30,14 @@ from __future__ import annotations
 import logging
 import math
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import numpy as np
 import torch
 import torch.distributed as dist
 
-from core.scheduler.config import host_pages_for
+from core.scheduler.config import SchedulerConfig, host_pages_for
 from core.scheduler.pages import pages_for
 from core.scheduler.plan import Plan
 from engine.attention import AttentionMetadata, get_backend, resolve_name
@@ -121,7 +121,8 @@ class ModelRunner:
         self.dtype = args.torch_dtype()
         self.config, folder = load_config(args)
         self.eos_token_ids: list[int] = list(self.config.eos_token_ids)
-        self.page_size = args.page_size
+        core = args.scheduler
+        self.page_size = core.page_size
         self.backend_name = resolve_name(
             args.attention_backend, self.device.type, self.dtype, self.config.head_dim
         )
@@ -136,7 +137,7 @@ class ModelRunner:
         shard = head_partition(
             self.config.num_heads, self.config.num_kv_heads, self.tp.size, self.tp.rank
         )
-        self.num_pages = self._agree(args.num_pages or self._default_num_pages(shard.kv_count))
+        self.num_pages = self._agree(core.num_pages or self._default_num_pages(shard.kv_count))
         c = self.config
         self.kv = KVPool(
             c.num_layers,
@@ -150,9 +151,10 @@ class ModelRunner:
         page_bytes = KVPool.bytes_per_page(
             c.num_layers, self.page_size, shard.kv_count, c.head_dim, self.dtype
         )
-        self.host_pages = self._agree(
-            host_pages_for(args.host_kv_gb, args.host_kv_pages, page_bytes)
-        )
+        self.host_pages = 0  # the host tier holds prefix cache pages: none without the cache
+        if core.prefix_cache:
+            host = host_pages_for(core.host_kv_gb, core.host_kv_pages, page_bytes)
+            self.host_pages = self._agree(host)
         self.host_kv = HostKVPool(self.kv, self.host_pages) if self.host_pages else None
         backend = get_backend(self.backend_name, self.device.type, self.dtype, c.head_dim)
         self.attention = backend(self.kv, shard.q_count, 1.0 / math.sqrt(c.head_dim))
@@ -160,7 +162,7 @@ class ModelRunner:
             pages_for(c.max_position_embeddings, self.page_size), self.num_pages
         )
         self.table = RequestTable(
-            2 * args.max_running, self.max_pages_per_seq, self.num_pages, self.device
+            2 * core.max_running, self.max_pages_per_seq, self.num_pages, self.device
         )
         self.staging = Staging(self.device)
         self.sampler = Sampler(self.device, args.seed, args.vocab_limit)
@@ -171,7 +173,7 @@ class ModelRunner:
         self.time_steps = False
         self.graphs: DecodeGraphs | None = None
         if self.device.type == "cuda" and args.cuda_graph and backend.supports_graphs:
-            self.graphs = self._capture_graphs(min(args.max_running, 256))
+            self.graphs = self._capture_graphs(min(core.max_running, 256))
         log.info(
             "rank %d: %s on %s (%s, %s attention), %d KV pages of %d tokens",
             tp_rank,
@@ -182,6 +184,10 @@ class ModelRunner:
             self.num_pages,
             self.page_size,
         )
+
+    def sized_scheduler(self) -> SchedulerConfig:
+        """The core's settings as this runner built its pool: the sizes left out filled in."""
+        return replace(self.args.scheduler, num_pages=self.num_pages, host_kv_pages=self.host_pages)
 
     def close(self) -> None:
         """Free the decode graphs; a rank calls it before it leaves its NCCL group.
@@ -240,7 +246,7 @@ class ModelRunner:
         if pages < 1:
             raise RuntimeError(
                 f"no memory left for the KV cache on {self.device}: budget {budget / 2**30:.2f} "
-                f"GiB, a page takes {page_bytes} bytes; raise mem_fraction or set num_pages"
+                f"GiB, a page takes {page_bytes} bytes; raise --mem-fraction or set --num-pages"
             )
         return pages
 

@@ -25,7 +25,6 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable
-from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -51,26 +50,8 @@ STATS_INTERVAL_S = 0.05
 
 
 def runner_args(cfg: ServeConfig) -> RunnerArgs:
-    """The runner's arguments: the model, the device, and the KV pool the scheduler asks for."""
-    return RunnerArgs(
-        model=cfg.model_path,
-        device=cfg.device,
-        dtype=cfg.dtype,
-        tp_size=cfg.tp_size,
-        num_pages=cfg.scheduler.num_pages,
-        page_size=cfg.scheduler.page_size,
-        attention_backend=cfg.attention_backend,
-        cuda_graph=cfg.cuda_graph,
-        max_running=cfg.scheduler.max_running,
-        dummy_weights=cfg.dummy_weights,
-        seed=cfg.seed,
-        dist_init=cfg.dist_init,
-        gpu_share=cfg.gpu_share,
-        cpu_threads=cfg.cpu_threads or 0,
-        vocab_limit=cfg.vocab_limit,
-        host_kv_gb=cfg.scheduler.host_kv_gb if cfg.scheduler.prefix_cache else 0.0,
-        host_kv_pages=cfg.scheduler.host_kv_pages if cfg.scheduler.prefix_cache else 0,
-    )
+    """The runner's arguments, as the serve config holds them (the core's settings inside)."""
+    return cfg.runner
 
 
 def run_scheduler(cfg: ServeConfig, rank: int) -> None:
@@ -89,12 +70,7 @@ def run_scheduler(cfg: ServeConfig, rank: int) -> None:
 
 def serve_rank0(cfg: ServeConfig, leader: TPLeader) -> None:
     runner = leader.runner
-    sched_cfg = replace(
-        cfg.scheduler,
-        num_pages=runner.num_pages,
-        page_size=runner.page_size,
-        host_kv_pages=runner.host_pages,
-    )
+    sched_cfg = runner.sized_scheduler()
     recorder = None
     if cfg.record_steps is not None:
         path = replica_record_path(Path(cfg.record_steps), cfg.replica, cfg.dp_size)

@@ -11,22 +11,19 @@ from __future__ import annotations
 
 import time
 
-from core.router import Health, NoWorkerAvailable, Router, RouterConfig, RouteRequest
-from core.router.prompt_key import prompt_key
+from core.router import Health, NoWorkerAvailable, Router, RouterConfig
+from core.router.prompt_key import chat_text, route_request
 from engine.ipc import messages
 from engine.server.errors import APIError
 
 NO_REPLICA_RETRY_AFTER_S = 5
 
 
-def route_request(req: messages.GenerateRequest) -> RouteRequest:
-    """What the router reads of a request: its prompt as a prefix key, its size, its session."""
+def prompt_text(req: messages.GenerateRequest) -> str:
+    """The text the router keys ``req`` by (a chat's as ``chat_text`` writes it)."""
     if req.messages is not None:
-        text = "".join(f"{m.role}\n{m.content}\n" for m in req.messages)
-    else:
-        text = req.text or ""
-    key, input_tokens = prompt_key(text, req.input_ids)
-    return RouteRequest(req.rid, key, input_tokens, req.sampling.max_new_tokens, req.session)
+        return chat_text((m.role, m.content) for m in req.messages)
+    return req.text or ""
 
 
 class Replicas:
@@ -41,7 +38,10 @@ class Replicas:
     def place(self, req: messages.GenerateRequest) -> int:
         """The replica for ``req`` (now open on it); 503 when no replica is left."""
         try:
-            return int(self.core.route(route_request(req), self.now()))
+            route = route_request(
+                req.rid, prompt_text(req), req.input_ids, req.sampling.max_new_tokens, req.session
+            )
+            return int(self.core.route(route, self.now()))
         except NoWorkerAvailable:
             raise APIError(
                 "no replica is serving: " + "; ".join(self.down.values()),

@@ -19,11 +19,12 @@ from lab.bench.prompts import PromptMaker, fresh_salt
 from lab.bench.run import BenchResult, run_bench, tokenizer_for
 from lab.bench.server import ServerInfo, server_info
 from lab.outputs import write_outputs
+from lab.report.plotlyjs import INLINE, PlotlyJs, add_plotlyjs_argument
 from schema.perfetto import TIMELINE_NAME, write_timeline
 from schema.run import RunResult
 from schema.steprecord import STEP_RECORD_NAME, replica_record_path
 from schema.tables import write_csv
-from schema.traces import TraceError, load_trace
+from schema.traces import Trace, TraceError, load_trace
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -78,6 +79,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--slo-tpot-ms", type=float)
     p.add_argument("--timeline", action="store_true", help=f"also write {TIMELINE_NAME}")
     p.add_argument("--no-report", action="store_true", help="skip report.html")
+    add_plotlyjs_argument(p)
     p.add_argument("--no-progress", action="store_true")
     return p
 
@@ -100,8 +102,10 @@ def format_result(summary: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def write_bench(result: RunResult, out: Path, *, report: bool, timeline: bool) -> None:
-    write_outputs(result, out, report=report)
+def write_bench(
+    result: RunResult, out: Path, *, report: bool, timeline: bool, plotlyjs: PlotlyJs = INLINE
+) -> None:
+    write_outputs(result, out, report=report, plotlyjs=plotlyjs)
     if isinstance(result, BenchResult) and result.engine_steps is not None:
         write_csv(result.engine_steps, out / STEP_RECORD_NAME)
     if timeline:
@@ -126,12 +130,24 @@ def server_steps_paths(given: str | None, info: ServerInfo) -> list[Path] | None
     return paths
 
 
+def arrival_span_line(trace: Trace, rate_scale: float) -> str:
+    """How long the run lasts at least: its requests are sent at the trace's arrival times."""
+    span = trace.duration_s
+    minutes = f"{span / 60:.1f} min" if span >= 90 else f"{span:.0f} s"
+    return (
+        f"engine bench: {len(trace.requests)} requests arriving over {minutes} "
+        f"(the trace's arrivals at --rate-scale {rate_scale:g}); the run lasts at least that "
+        "long, plus the last request's service"
+    )
+
+
 def bench_main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     try:
         info = server_info(args.url, args.api_key)
         trace = load_trace(args.trace, rate_scale=args.rate_scale, limit=args.limit)
+        print(arrival_span_line(trace, args.rate_scale), file=sys.stderr, flush=True)
         tokenizer, folder = tokenizer_for(args.tokenizer, info)
         meta = info.ours if args.server_timestamps == "auto" else args.server_timestamps == "on"
         target = Target(info.url, args.model or info.model, meta, args.api_key)
@@ -159,7 +175,13 @@ def bench_main(argv: list[str] | None = None) -> int:
     except (TraceError, ValueError, OSError) as exc:
         print(f"engine bench: error: {exc}", file=sys.stderr)
         return 2
-    write_bench(result, args.out, report=not args.no_report, timeline=args.timeline)
+    write_bench(
+        result,
+        args.out,
+        report=not args.no_report,
+        timeline=args.timeline,
+        plotlyjs=PlotlyJs(args.plotlyjs),
+    )
     print(format_result(result.summary))
     print(f"\noutputs in {args.out}/")
     return 0

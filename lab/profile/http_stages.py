@@ -41,6 +41,7 @@ import zmq
 
 from engine.ipc import messages
 from engine.ipc.config import ServeConfig
+from engine.runner.args import RunnerArgs
 from lab.profile.cpu_stages import StageCost
 
 TOKEN_COUNTS = (1, 32, 128, 256)
@@ -134,7 +135,7 @@ def _serve(port: int, concurrency: int, run_dir: str, ready: Queue[int]) -> None
 
     cfg = ServeConfig(
         model="profile",
-        model_path="profile",
+        runner=RunnerArgs(model="profile"),
         tokenizer_path="",
         vocab_size=1 << 16,
         run_dir=run_dir,

@@ -41,8 +41,10 @@ from sim.costs.profile import (
     STEP_KINDS,
     UNIT_KINDS,
     Profile,
+    ProfileError,
     ProfileRow,
     display_path,
+    read_profile,
     write_profile,
 )
 from sim.costs.table import TableCostModel
@@ -100,6 +102,11 @@ def build_parser() -> argparse.ArgumentParser:
         type=int,
         default=40,
         help="--plans-from: steps of each kind (mixed, decode, prefill), evenly spaced (40)",
+    )
+    p.add_argument(
+        "--overwrite",
+        action="store_true",
+        help="write over an existing profile measured on other hardware (refused by default)",
     )
     p.add_argument("--no-steps", action="store_true", help="CPU stage costs only")
     p.add_argument("--no-cpu-stages", action="store_true", help="step times only")
@@ -220,6 +227,22 @@ def summary_lines(profile: Profile) -> list[str]:
     return lines
 
 
+def overwrite_refusal(out: Path, here: str) -> str | None:
+    """Why writing ``out`` would lose a profile of other hardware, or None when it would not."""
+    if not out.is_file():
+        return None
+    try:
+        there = read_profile(out).provenance.get("hardware", "")
+    except ProfileError:
+        return None
+    if there == here:
+        return None
+    return (
+        f"{out} holds a profile measured on {there!r}, not on this machine ({here!r}); "
+        "write it elsewhere (e.g. --out out/profiles/NAME.csv) or pass --overwrite"
+    )
+
+
 def profile_main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     parser = build_parser()
@@ -233,6 +256,10 @@ def profile_main(argv: list[str] | None = None) -> int:
     if cfg.device == "cuda" and not args.no_steps and torch.cuda.device_count() < cfg.tp_size:
         parser.exit(2, f"engine profile: error: --tp {cfg.tp_size} needs as many CUDA devices, "
                     f"this machine has {torch.cuda.device_count()}\n")  # fmt: skip
+    here = hardware(cfg.device, cfg.tp_size)
+    refusal = overwrite_refusal(args.out, here)
+    if refusal and not args.overwrite:
+        parser.exit(2, f"engine profile: error: {refusal}\n")
     spec = grid_spec(args, cfg.device)
     recorded: list[RecordedStep] = []
     if args.plans_from is not None:
@@ -241,7 +268,7 @@ def profile_main(argv: list[str] | None = None) -> int:
         except (OSError, ValueError) as exc:
             parser.exit(2, f"engine profile: error: --plans-from: {exc}\n")
     info = {
-        "hardware": hardware(cfg.device, cfg.tp_size),
+        "hardware": here,
         "model": f"{cfg.model} ({'dummy weights' if cfg.dummy_weights else cfg.model_path})",
         "date": provenance.now(),
         "command": "engine profile " + shlex.join(argv),

@@ -9,6 +9,7 @@ from plotly.subplots import make_subplots
 
 from lab.report.binning import MAX_POINTS
 from lab.report.plotting import annotate_no_data
+from lab.report.plotting import log_axis as log_axis_ticks
 from lab.report.stages import completed_requests
 from schema.frames import numeric
 from schema.samples import Samples, WeightedSamples
@@ -108,7 +109,8 @@ def latency_cdf_figure(requests: pd.DataFrame, itl_s: np.ndarray | Samples | Non
         )
         lo, hi = float(finite.percentile([1])[0]), float(qs[-1])
         log_axis = lo > 0 and hi / lo > LOG_AXIS_RATIO
-        fig.update_xaxes(type="log" if log_axis else "linear", row=row, col=col)
+        axis = log_axis_ticks(x) if log_axis else {"type": "linear"}
+        fig.update_xaxes(**axis, row=row, col=col)
         top = float(finite.values.max())
         if not log_axis and top > TAIL_RANGE * hi > 0:
             left = min(0.0, float(finite.values.min()))

@@ -14,6 +14,7 @@ import pandas as pd
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
+from lab.report.plotting import log_axis
 from lab.report.stages import completed_requests
 from schema.frames import numeric
 
@@ -115,7 +116,8 @@ def slo_figure(requests: pd.DataFrame, result: SloResult) -> go.Figure:
         fig.add_vline(x=result.slo_ttft_ms, line={"dash": "dash", "color": "#555"}, row=1, col=2)
     if result.slo_tpot_ms is not None:
         fig.add_hline(y=result.slo_tpot_ms, line={"dash": "dash", "color": "#555"}, row=1, col=2)
-    fig.update_xaxes(title_text="TTFT (ms)", type="log", row=1, col=2)
+    slo_line = [] if result.slo_ttft_ms is None else [result.slo_ttft_ms]
+    fig.update_xaxes(title_text="TTFT (ms)", **log_axis(ttft[idx], slo_line), row=1, col=2)
     fig.update_yaxes(title_text="TPOT (ms)", row=1, col=2)
     fig.update_layout(
         height=380,

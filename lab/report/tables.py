@@ -9,6 +9,8 @@ from lab.report.page import fmt, key_value_table
 from lab.report.verdict import (
     GPU_BUSY_FRACTION,
     LIMIT_STEP_FRACTION,
+    QUEUE_TAIL_MS,
+    QUEUE_TAIL_SHARE,
     TOKENIZER_TTFT_SHARE,
     WAITING_STEP_FRACTION,
 )
@@ -43,6 +45,12 @@ def evidence_table(verdict: dict[str, Any]) -> str:
             "engine busy / steps with requests waiting",
             f"{pct(ev['busy_fraction'])} / {pct(ev['waiting_step_fraction'])}",
             f">= {pct(GPU_BUSY_FRACTION)} / >= {pct(WAITING_STEP_FRACTION)}",
+        ),
+        (
+            "queueing",
+            "TTFT P99 beyond the prompt's own prefill / TTFT P99",
+            f"{fmt(ev['queue_delay_p99_ms'], 0, 'ms')} / {fmt(ev['ttft_p99_ms'], 0, 'ms')}",
+            f">= {fmt(QUEUE_TAIL_MS, 0, 'ms')} and >= {pct(QUEUE_TAIL_SHARE)} of it",
         ),
     ]
     head = "<tr><th>limit</th><th>figure</th><th>value</th><th>binds at</th></tr>"

@@ -20,7 +20,13 @@ Rules, applied in this order (thresholds are the module constants):
 3. **gpu_compute** - the engine is busy (sum of step durations over the run's
    duration) at least ``GPU_BUSY_FRACTION`` while requests wait in at least
    ``WAITING_STEP_FRACTION`` of steps, and no admission limit above binds.
-4. **none** - none of the above: requests are admitted without queueing
+4. **queueing** - none of the above, yet the latency tails say requests queued:
+   the P99 of each request's TTFT beyond the prefill of its own prompt
+   (``queue_delays_ms``) reaches ``QUEUE_TAIL_MS`` and at least
+   ``QUEUE_TAIL_SHARE`` of the TTFT P99. The queue sits where the step table
+   does not look (before the scheduler, or in prefill chunks shared with other
+   requests), e.g. an ``engine bench`` whose step record shows no waiting.
+5. **none** - none of the above: requests are admitted without queueing
    (underloaded, or busy only with the running batch).
 
 The dominant stage is the stage with the largest share of mean E2E (and,
@@ -48,6 +54,13 @@ GPU_BUSY_FRACTION = 0.90
 """Engine busy share of the run from which the GPU counts as saturated."""
 WAITING_STEP_FRACTION = 0.25
 """Share of steps with waiting requests from which a saturated GPU binds."""
+QUEUE_TAIL_MS = 1_000.0
+"""P99 of the TTFT beyond a request's own prefill from which requests count as queued."""
+QUEUE_TAIL_SHARE = 0.5
+"""... and its least share of the TTFT P99 (the tail is queueing, not long prompts)."""
+PREFILL_RATE_QUANTILE = 0.10
+"""A prompt's own prefill is its uncached tokens times this quantile of the run's prefill
+time per uncached token (the pace of a prefill that did not share the engine)."""
 KV_FULL_UTILIZATION = 0.95
 """KV pages used / total from which the cache counts as full (evidence only)."""
 
@@ -58,6 +71,7 @@ LIMIT_LABELS = {
     "prefill_budget": "the prefill token budget",
     "tokenizer": "tokenizer workers",
     "gpu_compute": "GPU compute",
+    "queueing": "requests queue (no limit identified)",
     "none": "none (underloaded)",
 }
 
@@ -100,6 +114,24 @@ def queue_stats(queues: pd.DataFrame) -> dict[str, dict[str, float]]:
     return out
 
 
+def _quantile(values: np.ndarray, q: float) -> float:
+    finite = values[np.isfinite(values)]
+    return float(np.quantile(finite, q)) if finite.size else float("nan")
+
+
+def queue_delays_ms(done: pd.DataFrame) -> np.ndarray:
+    """Per completed request: TTFT less the prefill of its own prompt at the run's unshared
+    pace (``PREFILL_RATE_QUANTILE`` of ``prefill_ms`` per uncached token; of ``ttft_ms`` per
+    token when the prefill stage is not recorded). NaN where the tables lack the columns."""
+    ttft = numeric(done, "ttft_ms")
+    tokens = numeric(done, "input_tokens") - numeric(done, "cached_tokens", 0.0)
+    tokens = np.where(np.isfinite(tokens), np.maximum(tokens, 1.0), np.nan)
+    prefill = numeric(done, "prefill_ms")
+    per_token = (prefill if np.isfinite(prefill).any() else ttft) / tokens
+    pace = _quantile(per_token, PREFILL_RATE_QUANTILE)
+    return np.asarray(ttft - tokens * pace, dtype=float)
+
+
 def _evidence(
     summary: dict[str, Any], requests: pd.DataFrame, steps: pd.DataFrame, queues: pd.DataFrame
 ) -> dict[str, Any]:
@@ -129,6 +161,7 @@ def _evidence(
     if total_preemptions == 0 and "num_preemptions" in requests.columns:
         total_preemptions = float(np.nansum(numeric(requests, "num_preemptions")))
     n_requests = len(requests)
+    delay_p99 = _quantile(queue_delays_ms(done), 0.99)
     return {
         "duration_s": duration,
         "num_steps": len(steps),
@@ -147,6 +180,8 @@ def _evidence(
         "running_cap_step_fraction": _fraction(running_cap_steps),
         "running_cap_below_cap_fraction": _fraction(below_cap),
         "mean_ttft_ms": mean_ttft,
+        "ttft_p99_ms": _quantile(ttft, 0.99),
+        "queue_delay_p99_ms": delay_p99,
         "tokenizer_queue_ms": ttft_means["tokenizer_queue"],
         "scheduler_wait_ms": ttft_means["scheduler_wait"],
         "tokenizer_queue_share_of_ttft": ttft_means["tokenizer_queue"] / mean_ttft
@@ -185,7 +220,20 @@ def _choose_limit(ev: dict[str, Any], scores: dict[str, float]) -> str:
         return best
     if _busy(ev) and ev["waiting_step_fraction"] >= WAITING_STEP_FRACTION:
         return "gpu_compute"
+    if _queued(ev):
+        return "queueing"
     return "none"
+
+
+def _queued(ev: dict[str, Any]) -> bool:
+    """The TTFT tail is queueing: rule 4 of the module docstring."""
+    delay, ttft = ev["queue_delay_p99_ms"], ev["ttft_p99_ms"]
+    return bool(
+        np.isfinite(delay)
+        and delay >= QUEUE_TAIL_MS
+        and np.isfinite(ttft)
+        and delay >= QUEUE_TAIL_SHARE * ttft
+    )
 
 
 def _pct(x: float | None) -> str:
@@ -237,6 +285,19 @@ def _limit_clause(limit: str, ev: dict[str, Any]) -> str:
         why = f"admission blocked by it at {_pct(b['prefill_budget'])} of steps."
     elif limit == "gpu_compute":
         why = busy_and_waiting
+    elif limit == "queueing":
+        steps = (
+            f"the step table shows requests waiting at {_pct(ev['waiting_step_fraction'])} of "
+            f"steps (engine busy {_pct(ev['busy_fraction'])})"
+            if ev["num_steps"]
+            else "the run has no step table"
+        )
+        return (
+            f"No limit binds by the step table, but requests queue: TTFT P99 "
+            f"{_duration(ev['ttft_p99_ms'])}, of which {_duration(ev['queue_delay_p99_ms'])} "
+            f"(P99) beyond the prefill of the request's own prompt, while {steps}: the queue "
+            "sits before the scheduler or in prefill shared with other requests."
+        )
     elif _busy(ev):
         return (
             f"No limit binds: requests are admitted without queueing (they wait at "

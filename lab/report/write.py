@@ -12,7 +12,8 @@ from lab.report.fig_latency import latency_cdf_figure
 from lab.report.fig_stages import stage_breakdown_figure, stage_share_figure
 from lab.report.fig_timeline import timeline_figure
 from lab.report.header import header_html
-from lab.report.page import Section, figure_div, page_html, trace_path
+from lab.report.page import Section, figure_div, trace_path, write_page
+from lab.report.plotlyjs import INLINE, PlotlyJs
 from lab.report.replicas import busiest, cluster_replicas, one_replica, replicas_table
 from lab.report.slo import slo_figure, slo_result
 from lab.report.tables import config_tables, evidence_table
@@ -31,9 +32,11 @@ def write_report(
     steps: pd.DataFrame,
     queues: pd.DataFrame,
     itl: np.ndarray | Samples | None = None,
+    plotlyjs: PlotlyJs = INLINE,
 ) -> dict[str, Any]:
-    """Writes ``out_dir/report.html`` (self-contained Plotly HTML: plotly.js inlined, works
-    offline) and returns the bottleneck verdict as a JSON-friendly dict.
+    """Writes ``out_dir/report.html`` and returns the bottleneck verdict as a JSON-friendly
+    dict. By default the page is self-contained (plotly.js inlined, works offline);
+    ``plotlyjs`` picks a shared ``plotly.min.js`` or the CDN instead (``lab.report.plotlyjs``).
 
     The verdict is ``bottleneck_verdict(...)`` plus ``slo``: the fractions of
     requests meeting each SLO of ``summary.goodput``. For a cluster (``summary.replicas``
@@ -100,9 +103,8 @@ def write_report(
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     title = f"sim report: {Path(trace_path(summary)).name}"
-    (out_dir / REPORT_NAME).write_text(
-        page_html(title, header_html(summary, requests, verdict, slo), sections), encoding="utf-8"
-    )
+    header = header_html(summary, requests, verdict, slo)
+    write_page(out_dir / REPORT_NAME, title, header, sections, plotlyjs)
     verdict["slo"] = json_safe(
         {
             "slo_ttft_ms": slo.slo_ttft_ms,

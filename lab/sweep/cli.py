@@ -9,6 +9,7 @@ from typing import Any
 import pandas as pd
 
 from core.router.policy import POLICIES
+from lab.report.plotlyjs import PlotlyJs, add_plotlyjs_argument
 from lab.sweep.capacity import arrival_rate, capacity_table, probes_table, search_capacity
 from lab.sweep.executor import Executor, make_executor
 from lab.sweep.grid import RATE_SCALE, check_grid, read_grid, swept
@@ -17,6 +18,7 @@ from lab.sweep.replicas import replicas_table, search_replicas
 from lab.sweep.sweep import Plan, knob_effects, plan_grid, sweep_table, write_sweep
 from schema.tables import write_csv, write_parquet
 from schema.traces import Trace, load_trace
+from sim.config import overlap_choice
 
 TOP_ROWS = 5
 """Configurations printed after a sweep (best goodput first)."""
@@ -26,6 +28,7 @@ def _common_args(p: argparse.ArgumentParser, grid_required: bool) -> None:
     p.add_argument("trace", type=Path, help="a .jsonl (Mooncake fields) or Azure .csv trace")
     p.add_argument("--out", type=Path, required=True, help="output directory")
     p.add_argument("--grid", type=Path, required=grid_required, help="TOML grid of knobs")
+    add_plotlyjs_argument(p)
     p.add_argument("--config", type=Path, help="JSON or TOML config file (the grid's base)")
     p.add_argument("--limit", type=int, help="replay only the first N requests (by arrival)")
     p.add_argument("--jobs", type=int, help="local worker processes (default: all cores)")
@@ -33,22 +36,31 @@ def _common_args(p: argparse.ArgumentParser, grid_required: bool) -> None:
         "--ray", nargs="?", const="", metavar="ADDRESS",
         help="run on Ray: a local runtime, or the cluster at ADDRESS (pip install '.[cluster]')",
     )  # fmt: skip
+    p.add_argument(
+        "--overlap",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="overlap scheduling where the grid does not set it (default: the config file's, "
+        "else the loop the profile's engine runs: on for a profile measured on CUDA)",
+    )
     p.add_argument("--no-cache", action="store_true", help="neither read nor write DIR/cache")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
 
 
-def add_sweep_args(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+def add_sweep_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser("sweep", help="replay a trace under every configuration of a grid")
     _common_args(p, grid_required=True)
     p.add_argument("--slo-ttft-ms", type=float, help="goodput SLO on TTFT")
     p.add_argument("--slo-tpot-ms", type=float, help="goodput SLO on TPOT")
+    p.set_defaults(func=cmd_sweep)
 
 
-def add_capacity_args(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+def add_capacity_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser("capacity", help="highest rate within SLOs, per configuration")
+    p.set_defaults(func=cmd_capacity)
     _common_args(p, grid_required=False)
-    p.add_argument("--slo-ttft-ms", type=float, required=True)
-    p.add_argument("--slo-tpot-ms", type=float, required=True)
+    p.add_argument("--slo-ttft-ms", type=float, required=True, help="the SLO on TTFT")
+    p.add_argument("--slo-tpot-ms", type=float, required=True, help="the SLO on TPOT")
     p.add_argument("--attainment", type=float, default=0.99,
                    help="fraction of requests that must meet both SLOs (default 0.99)")  # fmt: skip
     p.add_argument("--tolerance", type=float, default=0.02,
@@ -75,7 +87,11 @@ class _Run:
     def __init__(self, args: argparse.Namespace, grid: dict[str, list[Any]]) -> None:
         self.out: Path = args.out
         self.trace: Trace = load_trace(args.trace, limit=args.limit)
-        overrides = {"slo_ttft_ms": args.slo_ttft_ms, "slo_tpot_ms": args.slo_tpot_ms}
+        overrides = {
+            "slo_ttft_ms": args.slo_ttft_ms,
+            "slo_tpot_ms": args.slo_tpot_ms,
+            "overlap": args.overlap,
+        }
         self.plan: Plan = plan_grid(grid, args.trace, args.limit, args.config, overrides)
         self.cache = RowCache(None if args.no_cache else self.out / "cache")
         self.knobs = list(grid)
@@ -92,8 +108,18 @@ class _Run:
         return (
             f"trace {args.trace} ({len(self.trace.requests)} requests); "
             f"{len(self.plan.points)} configuration(s); SLOs: {slos or 'none'}; "
-            f"cost model: {', '.join(models)}; executor: {self.executor.name}"
+            f"cost model: {', '.join(models)}; overlap: {self.overlap()}; "
+            f"executor: {self.executor.name}"
         )
+
+    def overlap(self) -> str:
+        """The scheduling loop of the configurations and why (``sim.config.overlap_choice``)."""
+        loops = {
+            overlap_choice(c["overlap"], c.get("overlap_by_default", False), c.get("profile"))
+            for c in (p.config for p in self.plan.probes)
+            if "overlap" in c
+        }
+        return "; ".join(sorted(loops)) or "-"
 
 
 def cmd_sweep(args: argparse.Namespace) -> int:
@@ -110,7 +136,10 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     write_sweep(run.out, table)
     effects = knob_effects(table, swept(grid))
     title = f"sim sweep: {args.trace.name}"
-    write_sweep_page(run.out, title, run.subtitle(args), table, effects, run.knobs)
+    write_sweep_page(
+        run.out, title, run.subtitle(args), table, effects, run.knobs, PlotlyJs(args.plotlyjs)
+    )
+    print(f"overlap: {run.overlap()}")
     print(_sweep_summary(table, run.knobs))
     print(f"\noutputs in {run.out}/ (sweep.csv, sweep.parquet, sweep.html)")
     return 0 if (table["status"] == "ok").any() else 1
@@ -171,11 +200,12 @@ def cmd_capacity(args: argparse.Namespace) -> int:
     subtitle += f"{rate:.2f} req/s"
     write_capacity_page(run.out, f"sim capacity: {args.trace.name}", subtitle, capacity,
                         probes, run.knobs, args.attainment,
-                        (args.slo_ttft_ms, args.slo_tpot_ms))  # fmt: skip
+                        (args.slo_ttft_ms, args.slo_tpot_ms), PlotlyJs(args.plotlyjs))  # fmt: skip
     cols = ["config_id", *run.knobs, "max_rate_scale", "crossing_scale", "max_request_rate",
             "replicas_even_split", *replica_cols, "binding_limit_at_max",
             "binding_limit_above", "ttft_stage_above", "error"]  # fmt: skip
     print(f"trace rate {rate:.2f} req/s; SLO attainment >= {args.attainment:g}")
+    print(f"overlap: {run.overlap()}")
     print(capacity[cols].to_string(index=False, float_format="%.3f"))
     extra = ", replica_probes.csv" if args.replicas_search else ""
     print(f"\noutputs in {run.out}/ (capacity.csv, capacity.parquet, probes.csv{extra}, "

@@ -27,7 +27,7 @@ from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wai
 from concurrent.futures.process import BrokenProcessPool
 from typing import Any, Protocol
 
-from lab.memory import keep_mmap_threshold
+from engine.runner.host_memory import keep_mmap_threshold
 
 Task = Any
 Result = Any

@@ -45,6 +45,7 @@ from core.router import RouterConfig
 from core.router.options import router_keys
 from core.scheduler.options import add_scheduler_flags
 from lab.outputs import write_outputs, write_step_record
+from lab.report.plotlyjs import PlotlyJs, add_plotlyjs_argument
 from lab.validate.attribution import ATTRIBUTION_NAME, attribute, format_attribution
 from lab.validate.capacity import add_capacity_flags, format_capacity, run_capacity
 from lab.validate.compare import compare, format_comparison, ttft_parts
@@ -114,10 +115,11 @@ def add_validate_args(sub: argparse._SubParsersAction[argparse.ArgumentParser]) 
         "--colocation",
         metavar="FILE",
         help="the server's replicas share one GPU (--dp-share-gpu): simulate them stretching "
-        "each other's steps by this co-location table (scripts/fit_colocation.py)",
+        "each other's steps by this co-location table (sim colocation fit writes one)",
     )
     p.add_argument("--no-report", action="store_true", help="skip the HTML reports")
-    p.add_argument("--no-progress", action="store_true")
+    add_plotlyjs_argument(p, default="directory")
+    p.add_argument("--no-progress", action="store_true", help="no progress bars")
     add_capacity_flags(p)
     add_scheduler_flags(p)
     p.set_defaults(func=cmd_validate)
@@ -203,7 +205,13 @@ def run_real(args: argparse.Namespace, trace: Trace, info: ServerInfo) -> list[R
         )
         after = os.getloadavg()[0]
         result.summary["bench"]["loadavg_1min"] = {"before": before, "after": after}
-        write_bench(result, args.out / f"real-{i}", report=not args.no_report, timeline=True)
+        write_bench(
+            result,
+            args.out / f"real-{i}",
+            report=not args.no_report,
+            timeline=True,
+            plotlyjs=PlotlyJs(args.plotlyjs, args.out),
+        )
         print(f"real run {i} (load average {before:.2f} before, {after:.2f} after)")
         print(format_result(result.summary) + "\n")
         results.append(result)
@@ -213,7 +221,9 @@ def run_real(args: argparse.Namespace, trace: Trace, info: ServerInfo) -> list[R
 def run_sim(args: argparse.Namespace, trace: Trace, config: SimConfig) -> RunResult:
     result = run_replay(trace, config, progress=not args.no_progress, record_steps=True)
     out = args.out / "sim"
-    write_outputs(result, out, report=not args.no_report)
+    write_outputs(
+        result, out, report=not args.no_report, plotlyjs=PlotlyJs(args.plotlyjs, args.out)
+    )
     write_step_record(result.engine_steps, out)
     write_timeline(out / TIMELINE_NAME, result.requests, result.steps, "sim replay")
     warning = reach_warning(result.summary["cost_model"]["reach"])
@@ -289,7 +299,8 @@ def write_validation(
     if real is not None and not args.no_report:
         from lab.validate.report import write_validation_report
 
-        write_validation_report(args.out, comparison, real, sim, attribution)
+        plotlyjs = PlotlyJs(args.plotlyjs, args.out)
+        write_validation_report(args.out, comparison, real, sim, attribution, plotlyjs)
     print(format_comparison(comparison))
     if comparison.get("placement") is not None:
         print("\n" + format_placement(comparison["placement"]))

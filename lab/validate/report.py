@@ -4,7 +4,7 @@ Sections: the comparison table (real, sim, relative error, real-vs-real
 noise), where the error comes from (``lab.validate.attribution``), the
 latency CDFs of every run on shared axes, and timelines on one time axis
 (TTFT of each request by arrival, batch size per step, requests running).
-Self-contained like the replay report (plotly.js inlined once).
+The page loads plotly.js as ``--plotlyjs`` says (``lab/report/plotlyjs.py``).
 """
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ from plotly.subplots import make_subplots
 from lab.report.binning import MAX_POINTS, TimeBins, bin_max, bin_mean
 from lab.report.fig_latency import latency_series
 from lab.report.page import Section, figure_div, page_html
+from lab.report.plotlyjs import INLINE, PlotlyJs
 from lab.validate.attribution_report import attribution_section
 from lab.validate.compare import LATENCIES, STATS, THROUGHPUTS, lookup
 from lab.validate.regime import describe
@@ -109,7 +110,10 @@ def write_validation_report(
     real: list[RunResult],
     sim: RunResult,
     attribution: dict[str, Any],
+    plotlyjs: PlotlyJs = INLINE,
 ) -> None:
+    """``out_dir/report.html``: the real runs against the simulation (``plotlyjs``: how the
+    page loads plotly.js)."""
     runs = _runs(real, sim)
     t = comparison["targets"]
     verdict = "met" if t["met"] else f"missed on {', '.join(t['missed'])}"
@@ -146,5 +150,6 @@ def write_validation_report(
             figure_div(timeline_figure(runs)),
         ),
     ]
-    page = page_html(f"validation: {run.get('url')}", header, sections)
-    (Path(out_dir) / REPORT_NAME).write_text(page, encoding="utf-8")
+    path = Path(out_dir) / REPORT_NAME
+    page = page_html(f"validation: {run.get('url')}", header, sections, plotlyjs.script(path))
+    path.write_text(page, encoding="utf-8")

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from sim.costs.base import CpuCosts, GpuCostModel
-from sim.costs.presets import HARDWARE, MODELS, Hardware, ModelShape, hardware, model_shape
+from sim.costs.presets import HARDWARE, Hardware, hardware, model_shape
 from sim.costs.profile import Profile, ProfileError, read_profile
 from sim.costs.registry import (
     COST_MODELS,
@@ -19,12 +19,10 @@ __all__ = [
     "COST_MODELS",
     "DEFAULT_CPU_PROFILE",
     "HARDWARE",
-    "MODELS",
     "CostSpec",
     "CpuCosts",
     "GpuCostModel",
     "Hardware",
-    "ModelShape",
     "Profile",
     "ProfileError",
     "RooflineCostModel",

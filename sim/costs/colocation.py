@@ -19,7 +19,7 @@ or without decode rows), holds a stretch and a fixed time; a step that takes
 an idle GPU). A table with no fixed times (``--form ratio``) stretches every
 step of a kind pair by one factor; measured on the H200 that factor fell from
 3.1 to 2.1 for decode beside prefill between loads of 25x and 50x, as the
-decode steps grew (``reports/cluster/h200_shared_gpu/``). ``fit_colocation``
+decode steps grew (``reports/cluster/``). ``fit_colocation``
 measures the table from the step records of replicas that shared a GPU
 (``engine serve --dp N --dp-share-gpu --record-steps``, one run or more) and the
 cost model that priced them alone:

@@ -1,9 +1,9 @@
 """Model shapes and hardware ceilings that the cost models and KV sizing read.
 
-Model shapes are the architecture presets both worlds share
-(``schema.models.PRESETS``, each from its model's published ``config.json``),
-seen as the counts a cost model needs. Hardware numbers are measurements (see
-``provenance``), never guesses.
+A model's shape is the engine's own ``schema.models.ModelConfig`` of its preset
+(``schema.models.PRESETS``, each from its model's published ``config.json``):
+one class, one count of parameters and of KV bytes per token for both worlds.
+Hardware numbers are measurements (see ``provenance``), never guesses.
 """
 
 from __future__ import annotations
@@ -13,68 +13,6 @@ from dataclasses import dataclass
 from schema.models import PRESETS, ModelConfig
 
 DTYPE_BYTES: dict[str, float] = {"fp32": 4.0, "bf16": 2.0, "fp16": 2.0, "fp8": 1.0, "int4": 0.5}
-
-
-@dataclass(frozen=True, slots=True)
-class ModelShape:
-    """A decoder-only transformer (Llama-style: GQA attention, gated MLP)."""
-
-    name: str
-    hidden: int
-    layers: int
-    heads: int
-    kv_heads: int
-    head_dim: int
-    intermediate: int
-    vocab: int
-    tied_embeddings: bool
-
-    @property
-    def layer_params(self) -> int:
-        """Matmul parameters of one layer (norm weights are negligible and left out)."""
-        q_o = 2 * self.hidden * self.heads * self.head_dim
-        k_v = 2 * self.hidden * self.kv_heads * self.head_dim
-        mlp = 3 * self.hidden * self.intermediate
-        return q_o + k_v + mlp
-
-    @property
-    def embedding_params(self) -> int:
-        return self.vocab * self.hidden
-
-    @property
-    def params(self) -> int:
-        lm_head = 0 if self.tied_embeddings else self.embedding_params
-        return self.layers * self.layer_params + self.embedding_params + lm_head
-
-    @property
-    def weights_read_per_step(self) -> int:
-        """Parameters a forward pass reads in full: every layer and the LM head.
-
-        The input embedding is a row lookup, so only the LM head's copy of the
-        vocabulary matrix counts (tied or not).
-        """
-        return self.layers * self.layer_params + self.embedding_params
-
-    def kv_bytes_per_token(self, kv_dtype: str) -> float:
-        """K and V of one token over all layers."""
-        return 2 * self.layers * self.kv_heads * self.head_dim * DTYPE_BYTES[kv_dtype]
-
-    @staticmethod
-    def of(name: str, c: ModelConfig) -> ModelShape:
-        return ModelShape(
-            name,
-            hidden=c.hidden_size,
-            layers=c.num_layers,
-            heads=c.num_heads,
-            kv_heads=c.num_kv_heads,
-            head_dim=c.head_dim,
-            intermediate=c.intermediate_size,
-            vocab=c.vocab_size,
-            tied_embeddings=c.tie_word_embeddings,
-        )
-
-
-MODELS: dict[str, ModelShape] = {name: ModelShape.of(name, c) for name, c in PRESETS.items()}
 
 
 @dataclass(frozen=True, slots=True)
@@ -128,11 +66,12 @@ HARDWARE: dict[str, Hardware] = {
 }
 
 
-def model_shape(name: str) -> ModelShape:
+def model_shape(name: str) -> ModelConfig:
+    """The preset ``name`` (exactly as ``PRESETS`` spells it)."""
     try:
-        return MODELS[name]
+        return PRESETS[name]
     except KeyError:
-        raise ValueError(f"unknown model preset {name!r}; known: {sorted(MODELS)}") from None
+        raise ValueError(f"unknown model preset {name!r}; known: {sorted(PRESETS)}") from None
 
 
 def hardware(name: str) -> Hardware:

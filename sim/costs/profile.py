@@ -196,6 +196,27 @@ def read_profile(path: Path | str) -> Profile:
     return Profile(path=display_path(path), provenance=provenance, steps=steps, cpu=cpu)
 
 
+def profile_device(path: Path | str) -> str:
+    """The ``device`` a profile was measured on (``cuda``, ``cuda:0``, ``cpu``; empty where it
+    does not say), read from its provenance lines alone."""
+    path = Path(path)
+    if not path.is_file():
+        raise ProfileError(f"{path}: no such profile file")
+    device = ""
+    with path.open("r", encoding="utf-8") as f:
+        for text in f:
+            stripped = text.strip()
+            if stripped and not stripped.startswith("#"):
+                break
+            key, sep, value = stripped.lstrip("#").partition(":")
+            if sep and key.strip() == "device":
+                device = value.strip()
+    sidecar = path.with_suffix(path.suffix + ".json")
+    if sidecar.is_file():
+        device = str(json.loads(sidecar.read_text()).get("device", device))
+    return device
+
+
 def cpu_costs_from(profile: Profile, fallback: CpuCosts | None = None) -> CpuCosts:
     """CPU costs of ``profile``; kinds it lacks come from ``fallback`` (an error without one)."""
     values: dict[str, float] = {}

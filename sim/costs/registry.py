@@ -29,7 +29,12 @@ class CostSpec:
 
 def _roofline(spec: CostSpec) -> GpuCostModel:
     return RooflineCostModel(
-        model_shape(spec.model), hardware(spec.hardware), spec.tp, spec.dtype, spec.kv_dtype
+        model_shape(spec.model),
+        hardware(spec.hardware),
+        spec.tp,
+        spec.dtype,
+        spec.kv_dtype,
+        name=spec.model,
     )
 
 

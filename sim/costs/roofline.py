@@ -20,13 +20,12 @@ Per tensor-parallel rank (weights and attention heads split ``tp`` ways):
 
 from __future__ import annotations
 
-import math
-
 import numpy as np
 
 from core.scheduler.shape import StepShape
+from schema.models import ModelConfig
 from sim.costs.base import GpuCostModel
-from sim.costs.presets import DTYPE_BYTES, Hardware, ModelShape
+from sim.costs.presets import DTYPE_BYTES, Hardware
 
 KERNELS_PER_LAYER = 9
 KERNELS_PER_STEP = 4
@@ -37,14 +36,16 @@ class RooflineCostModel(GpuCostModel):
 
     def __init__(
         self,
-        model: ModelShape,
+        model: ModelConfig,
         hw: Hardware,
         tp: int = 1,
         dtype: str = "bf16",
         kv_dtype: str = "bf16",
+        name: str | None = None,
     ) -> None:
-        if tp < 1 or model.heads % tp:
-            raise ValueError(f"tp={tp} must divide {model.name}'s {model.heads} attention heads")
+        name = name or model.model_type
+        if tp < 1 or model.num_heads % tp:
+            raise ValueError(f"tp={tp} must divide {name}'s {model.num_heads} attention heads")
         if dtype not in hw.peak_flops:
             raise ValueError(
                 f"no measured {dtype} peak for {hw.name}; have {sorted(hw.peak_flops)}"
@@ -52,26 +53,32 @@ class RooflineCostModel(GpuCostModel):
         self.model, self.hw, self.tp = model, hw, tp
         self.profile = None
         bpp = DTYPE_BYTES[dtype]
-        kv_heads_per_rank = math.ceil(model.kv_heads / tp)
-        kv_per_token = model.kv_bytes_per_token(kv_dtype) * kv_heads_per_rank / model.kv_heads
+        kv_per_token = model.kv_bytes_per_token(DTYPE_BYTES[kv_dtype], tp)
         self._weight_bytes = model.weights_read_per_step * bpp / tp
         self._kv_token_bytes = kv_per_token
-        self._layer_flops = 2.0 * model.layers * model.layer_params / tp
+        self._layer_flops = 2.0 * model.num_layers * model.layer_params / tp
         self._head_flops = 2.0 * model.embedding_params / tp
-        self._attn_flops = 4.0 * model.layers * model.heads * model.head_dim / tp
+        self._attn_flops = 4.0 * model.num_layers * model.num_heads * model.head_dim / tp
         self._bw = hw.mem_bandwidth
         self._peak = hw.peak_flops[dtype]
-        kernels = KERNELS_PER_LAYER * model.layers + KERNELS_PER_STEP
+        kernels = KERNELS_PER_LAYER * model.num_layers + KERNELS_PER_STEP
         if tp > 1:
-            kernels += 2 * model.layers
+            kernels += 2 * model.num_layers
             self._allreduce_s_per_token = (
-                2 * model.layers * model.hidden * bpp * 2 * (tp - 1) / tp / hw.link_bandwidth
+                2
+                * model.num_layers
+                * model.hidden_size
+                * bpp
+                * 2
+                * (tp - 1)
+                / tp
+                / hw.link_bandwidth
             )
         else:
             self._allreduce_s_per_token = 0.0
         self._overhead = kernels * hw.kernel_floor_s
         self.provenance = (
-            f"roofline for {model.name} ({model.params / 1e9:.3g}B params, {dtype}, kv {kv_dtype}) "
+            f"roofline for {name} ({model.num_params / 1e9:.3g}B params, {dtype}, kv {kv_dtype}) "
             f"on {tp}x {hw.name}: {hw.provenance}"
         )
 

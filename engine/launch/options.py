@@ -1,0 +1,95 @@
+"""``engine serve``'s flags and the config they build, from the settings' declarations.
+
+Every flag comes from a field that declares its default and help once
+(``core.settings``): the serve config's own (``ServeConfig``), the runner's
+(``RunnerArgs``), the scheduler core's, the router core's, and the few that
+only steer the launch (``LaunchOptions``). The flags default to None; a flag
+left out keeps its field's default.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+from core.router.options import add_router_flags, router_config
+from core.scheduler.options import add_scheduler_flags, scheduler_config
+from core.settings import add_flags, given, positive_int, setting
+from engine.ipc.config import ServeConfig
+from engine.launch.model_source import ModelSource
+from engine.launch.replicas import check_placement, gpu_count
+from engine.runner.args import RunnerArgs
+
+
+@dataclass(frozen=True)
+class LaunchOptions:
+    """The settings that steer the launch itself and reach no process as they are."""
+
+    tokenizer: str | None = setting(
+        None,
+        "tokenizer: known model name or HF folder (default: the model's own; "
+        "smollm2-135m for a preset)",
+    )
+    dp_share_gpu: bool = setting(
+        False,
+        "put every replica on the same GPU(s), each with 1/dp of the memory the weights and "
+        "KV pool may take (--mem-fraction; CUDA)",
+    )
+    max_model_len: int | None = setting(
+        None,
+        "longest prompt plus output in tokens (default: the model's context)",
+        parse=positive_int,
+    )
+    ready_timeout: float = setting(600.0, "seconds the processes may take to get ready")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The whole parser of ``engine serve``."""
+    p = argparse.ArgumentParser(prog="engine serve", description="Serve a model over HTTP.")
+    add_flags(p, ServeConfig)
+    add_flags(p.add_argument_group("launch", "how the processes start"), LaunchOptions)
+    add_flags(p.add_argument_group("runner", "the model runner's settings"), RunnerArgs)
+    add_scheduler_flags(p)
+    add_router_flags(p, "--dp N")
+    return p
+
+
+def launch_options(args: argparse.Namespace) -> LaunchOptions:
+    return LaunchOptions(**given(args, LaunchOptions))
+
+
+def check_replicas(cfg: ServeConfig, share_gpu: bool) -> None:
+    """Raise ``ValueError`` when ``--dp`` replicas cannot be placed as asked."""
+    gpus = gpu_count() if cfg.device == "cuda" else 0
+    check_placement(cfg.device, cfg.dp_size, cfg.tp_size, share_gpu, gpus)
+
+
+def make_config(
+    args: argparse.Namespace, source: ModelSource, run_dir: Path, port: int | None = None
+) -> ServeConfig:
+    """The config of this server, from its options and the model it resolved to (``port``, when
+    given, in place of ``--port``'s); ``ValueError`` on a bad setting."""
+    runner = RunnerArgs(
+        **given(args, RunnerArgs),
+        model=source.model_path,
+        vocab_limit=source.vocab_limit,
+        scheduler=scheduler_config(args),
+    )
+    values = given(args, ServeConfig)
+    if "record_steps" in values:
+        values["record_steps"] = str(Path(values["record_steps"]).resolve())
+    context_len = source.context_len
+    max_model_len = launch_options(args).max_model_len or context_len
+    return ServeConfig(
+        **(values if port is None else values | {"port": port}),
+        runner=runner,
+        router=router_config(args),
+        tokenizer_path=str(source.tokenizer_path),
+        vocab_size=source.vocab_size,
+        eos_token_ids=list(source.eos_token_ids),
+        run_dir=str(run_dir),
+        parent_pid=os.getpid(),
+        max_model_len=min(max_model_len, context_len),
+    )
