@@ -31,7 +31,15 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-from serving_load import Stream, scrape, served, stream_completion, tree_rss_mib, wait_idle
+from serving_load import (
+    Stream,
+    parse_flags,
+    scrape,
+    served,
+    stream_completion,
+    tree_rss_mib,
+    wait_idle,
+)
 
 PROMPTS = [f"Item {i}: describe a colour." for i in range(32)]
 
@@ -176,17 +184,11 @@ def run(args: argparse.Namespace, server_args: tuple[str, ...]) -> dict[str, Any
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--seconds", type=float, default=20.0)
-    parser.add_argument("--factor", type=float, default=10.0)
-    parser.add_argument("--concurrency", type=int, default=16)
-    parser.add_argument("--max-tokens", type=int, default=8)
-    parser.add_argument("--max-queued", type=int, default=16)
-    parser.add_argument("--request-timeout", type=float, default=100.0)
-    parser.add_argument("--client-timeout", type=float, default=150.0)
-    parser.add_argument("--threads", type=int, default=2)
-    parser.add_argument("--out", default="reports/robustness/overload.json")
-    args = parser.parse_args()
+    args = parse_flags(
+        __doc__.splitlines()[0], seconds=20.0, factor=10.0, concurrency=16, max_tokens=8,
+        max_queued=16, request_timeout=100.0, client_timeout=150.0, threads=2,
+        out="reports/robustness/overload.json",
+    )  # fmt: skip
     running = ("--max-running", str(args.concurrency))
     bounded = (
         *running, "--max-queued", str(args.max_queued),

@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-from serving_load import scrape, served, stream_completion, wait_idle, write_runs
+from serving_load import parse_flags, scrape, served, stream_completion, wait_idle, write_runs
 
 PROMPT = "{i}: write a long story about the sea, the wind and a lighthouse keeper."
 
@@ -62,15 +62,10 @@ def one_run(args: argparse.Namespace, reserve: bool) -> dict[str, Any]:
 
 
 def main() -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--num-pages", type=int, default=96)
-    p.add_argument("--max-running", type=int, default=16)
-    p.add_argument("--requests", type=int, default=24)
-    p.add_argument("--max-tokens", type=int, default=160)
-    p.add_argument("--repeats", type=int, default=1)
-    p.add_argument("--threads", type=int, default=2)
-    p.add_argument("--out", type=Path, default=Path("reports/reservation/engine.json"))
-    args = p.parse_args()
+    args = parse_flags(
+        __doc__.split("\n\n")[0], num_pages=96, max_running=16, requests=24, max_tokens=160,
+        repeats=1, threads=2, out=Path("reports/reservation/engine.json"),
+    )  # fmt: skip
     runs = []
     for _ in range(args.repeats):
         for reserve in (False, True):

@@ -7,11 +7,12 @@ step N is in flight, then ``complete`` of step N). Writes a markdown table to st
 
 from __future__ import annotations
 
-import argparse
 import platform
 import statistics
 import sys
 import time
+
+from serving_load import parse_flags
 
 from core.scheduler import Plan, Request, Scheduler, SchedulerConfig
 
@@ -54,13 +55,7 @@ def measure(s: Scheduler, steps: int, overlap: bool) -> list[float]:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__)
-    ap.add_argument("--requests", type=int, default=256)
-    ap.add_argument("--prompt-len", type=int, default=512)
-    ap.add_argument("--page-size", type=int, default=16)
-    ap.add_argument("--steps", type=int, default=2000)
-    ap.add_argument("--out", default="")
-    args = ap.parse_args()
+    args = parse_flags(__doc__, requests=256, prompt_len=512, page_size=16, steps=2000, out="")
 
     rows = []
     for prefix_cache in (True, False):

@@ -1,13 +1,14 @@
 """Helpers of the load benchmarks (abort storm, overload): a server process, its metrics,
-the memory of its process tree, and one streamed completion.
+the memory of its process tree, and one streamed completion; and the flags of a benchmark.
 
 Imported by the benchmarks beside it (``abort_storm.py``, ``overload.py``,
-``cpu_serving.py``, ``reservation_engine.py``, ``router_overhead.py``) and by the small
-versions of the first two in ``tests/``.
+``cpu_serving.py``, ``reservation_engine.py``, ``router_overhead.py``,
+``scheduler_step.py``) and by the small versions of the first two in ``tests/``.
 """
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import signal
@@ -16,7 +17,7 @@ import sys
 import threading
 import time
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -143,11 +144,19 @@ def served(
         yield proc, url[0]
     finally:
         proc.send_signal(signal.SIGTERM)
-        try:
+        with suppress(subprocess.TimeoutExpired):
             proc.wait(60)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+        proc.kill()  # nothing when it has exited
+        proc.wait()
+
+
+def parse_flags(description: str, **defaults: float | str | Path) -> argparse.Namespace:
+    """The command line of a benchmark whose flags are ``--NAME VALUE``, one per keyword
+    (``max_tokens=8``: ``--max-tokens``, default 8, read with ``type(8)``)."""
+    parser = argparse.ArgumentParser(description=description)
+    for name, default in defaults.items():
+        parser.add_argument("--" + name.replace("_", "-"), type=type(default), default=default)
+    return parser.parse_args()
 
 
 def write_runs(path: Path, runs: list[dict[str, Any]]) -> None:

@@ -6,7 +6,7 @@ import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypedDict, Unpack
 
 import numpy as np
 import pandas as pd
@@ -122,18 +122,20 @@ def host_kv_summary(stats: list[SchedulerStats], copies: CopyCosts | None) -> di
     }
 
 
-def run_replay(
-    trace: Trace,
-    config: SimConfig,
-    *,
-    record_calls: bool = False,
-    progress: bool = True,
-    cluster: bool | None = None,
-    tables: ReplayTables = ReplayTables(),
-    record_steps: bool = False,
-    costs: tuple[GpuCostModel, CpuCosts] | None = None,
-    stages: RecordedStages | None = None,
-) -> ReplayResult:
+class ReplayOptions(TypedDict, total=False):
+    """How ``run_replay`` runs a replay, past its trace and config: ``build_replay``'s keyword
+    arguments, whose defaults hold for any left out."""
+
+    record_calls: bool
+    progress: bool
+    cluster: bool | None
+    tables: ReplayTables
+    record_steps: bool
+    costs: tuple[GpuCostModel, CpuCosts] | None
+    stages: RecordedStages | None
+
+
+def run_replay(trace: Trace, config: SimConfig, **options: Unpack[ReplayOptions]) -> ReplayResult:
     """Simulate ``trace`` under ``config``; deterministic for the same inputs, and the same
     tables whatever ``tables.flush_steps``: ``build_replay``, ``simulate``, ``summarise``.
 
@@ -145,17 +147,7 @@ def run_replay(
     ``sim.costs.recorded``), ``stages`` the modelled stages around the scheduler of the
     single pipeline (``sim.model.recorded_stages``)."""
     wall0 = time.perf_counter()
-    built = build_replay(
-        trace,
-        config,
-        record_calls=record_calls,
-        progress=progress,
-        cluster=cluster,
-        tables=tables,
-        record_steps=record_steps,
-        costs=costs,
-        stages=stages,
-    )
+    built = build_replay(trace, config, **options)
     simulate(built)
     return summarise(built, trace, config, wall0)
 
@@ -189,7 +181,8 @@ def build_replay(
     costs: tuple[GpuCostModel, CpuCosts] | None = None,
     stages: RecordedStages | None = None,
 ) -> BuiltReplay:
-    """The simulation of ``trace`` under ``config``, not yet run (``run_replay``'s arguments)."""
+    """The simulation of ``trace`` under ``config``, not yet run (``run_replay`` tells what the
+    options do)."""
     gpu, cpu = build_costs(config) if costs is None else costs
     as_cluster = config.replicas > 1 if cluster is None else cluster
     if cluster is None and config.frontend_loop and stages is None:

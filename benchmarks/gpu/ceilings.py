@@ -14,6 +14,7 @@ import datetime as dt
 import json
 import platform
 import statistics
+import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -53,6 +54,23 @@ def matmul_flops(n: int) -> dict[str, float]:
     return {"n": n, "mean_s": t, "flops_per_s": 2 * n**3 / t}
 
 
+def ceilings_now() -> dict[str, dict[str, float]]:
+    """This GPU's copy bandwidth and dense bf16 matmul throughput, measured now (the
+    ``ceilings`` of a benchmark's JSON)."""
+    return {"copy": copy_bandwidth(4 << 30), "matmul_bf16": matmul_flops(8192)}
+
+
+def run_header(**fields: Any) -> dict[str, Any]:
+    """The head of a GPU benchmark's JSON: its command line, when and on which GPU it ran;
+    then ``fields``."""
+    return {
+        "command": " ".join(["python3", *sys.argv]),
+        "date": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
+        "device": torch.cuda.get_device_name(),
+        **fields,
+    }
+
+
 def kernel_launch(num_kernels: int) -> dict[str, float]:
     x = torch.zeros(1, device="cuda")
 
@@ -80,16 +98,12 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--out", type=Path, required=True)
     args = parser.parse_args()
-    result = {
-        "device": torch.cuda.get_device_name(),
-        "torch": torch.__version__,
-        "host": platform.node(),
-        "date": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
-        "command": "python3 benchmarks/gpu/ceilings.py --out ...",
-        "copy": copy_bandwidth(4 << 30),
-        "matmul_bf16": matmul_flops(8192),
-        "kernel_launch": kernel_launch(2000),
-    }
+    result = run_header(
+        torch=torch.__version__,
+        host=platform.node(),
+        **ceilings_now(),
+        kernel_launch=kernel_launch(2000),
+    )
     text = json.dumps(result, indent=2)
     print(text)
     args.out.write_text(text + "\n")

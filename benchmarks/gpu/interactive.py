@@ -26,7 +26,6 @@ CUDA events), so the HTTP TPOT and the runner's step sit side by side.
 from __future__ import annotations
 
 import argparse
-import datetime as dt
 import gc
 import json
 import os
@@ -42,7 +41,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import runner
-from ceilings import copy_bandwidth, matmul_flops
+from ceilings import ceilings_now, run_header
 from serve import start_server, stop_server
 
 from schema.models import ModelConfig, get_preset
@@ -180,18 +179,12 @@ def main() -> None:
     ap.add_argument("--runner-steps", action="store_true")
     ap.add_argument("--serve-args", nargs=argparse.REMAINDER, default=[])
     args = ap.parse_args()
-    copy, mm = copy_bandwidth(4 << 30), matmul_flops(8192)
-    bw, peak = copy["read_plus_write_bytes_per_s"], mm["flops_per_s"]
+    ceilings = ceilings_now()
+    bw = ceilings["copy"]["read_plus_write_bytes_per_s"]
+    peak = ceilings["matmul_bf16"]["flops_per_s"]
     torch.cuda.empty_cache()  # the server sizes its KV pool from the memory left free
     runner.CEILINGS.update(copy_bytes_per_s=bw, matmul_flops_per_s=peak)
-    result: dict[str, Any] = {
-        "command": " ".join(["python3", *sys.argv]),
-        "date": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
-        "device": torch.cuda.get_device_name(),
-        "model": args.model,
-        "ceilings": {"copy": copy, "matmul_bf16": mm},
-        "variants": [],
-    }
+    result = run_header(model=args.model, ceilings=ceilings, variants=[])
     for variant in args.variants.split(","):
         row = serve_variant(args, variant, bw, peak)
         if args.runner_steps:

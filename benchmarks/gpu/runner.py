@@ -34,7 +34,6 @@ one prefill chunk, host time by operation of sync decode steps at batch 1 and 25
 from __future__ import annotations
 
 import argparse
-import datetime as dt
 import gc
 import itertools
 import json
@@ -49,7 +48,7 @@ import torch
 import torch.multiprocessing as mp
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from ceilings import copy_bandwidth, matmul_flops
+from ceilings import ceilings_now, run_header
 
 from core.scheduler import DecodeSlot, Plan, PrefillChunk, SchedulerConfig
 from engine.runner import ModelRunner, RunnerArgs, StepInputs
@@ -291,22 +290,15 @@ def main() -> None:
         "slow-max (fused, with FlashInfer's plan() taking the longest sequence element by element)",
     )
     args = ap.parse_args()
-    copy = copy_bandwidth(4 << 30)
-    mm = matmul_flops(8192)
+    ceilings = ceilings_now()
     CEILINGS.update(
-        copy_bytes_per_s=copy["read_plus_write_bytes_per_s"], matmul_flops_per_s=mm["flops_per_s"]
+        copy_bytes_per_s=ceilings["copy"]["read_plus_write_bytes_per_s"],
+        matmul_flops_per_s=ceilings["matmul_bf16"]["flops_per_s"],
     )
     print(json.dumps(CEILINGS), flush=True)
-    result: dict[str, Any] = {
-        "command": " ".join(["python3", *sys.argv]),
-        "date": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
-        "device": torch.cuda.get_device_name(),
-        "torch": torch.__version__,
-        "model": args.model,
-        "tp": args.tp,
-        "ceilings": {"copy": copy, "matmul_bf16": mm},
-        "variants": [],
-    }
+    result = run_header(
+        torch=torch.__version__, model=args.model, tp=args.tp, ceilings=ceilings, variants=[]
+    )
     for variant in args.variants.split(","):
         result["variants"].append(measure_variant(args, variant))
         args.out.write_text(json.dumps(result, indent=1) + "\n")

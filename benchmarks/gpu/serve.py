@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import datetime as dt
 import json
 import os
 import random
@@ -40,7 +39,7 @@ import httpx
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from ceilings import copy_bandwidth, matmul_flops
+from ceilings import ceilings_now, run_header
 
 from schema.models import ModelConfig, get_preset
 
@@ -210,24 +209,22 @@ def main() -> None:
     ap.add_argument("--hf-new-tokens", type=int, default=256)
     ap.add_argument("--serve-args", nargs=argparse.REMAINDER, default=[])
     args = ap.parse_args()
-    copy, mm = copy_bandwidth(4 << 30), matmul_flops(8192)
-    bw, peak = copy["read_plus_write_bytes_per_s"], mm["flops_per_s"]
+    ceilings = ceilings_now()
+    bw = ceilings["copy"]["read_plus_write_bytes_per_s"]
+    peak = ceilings["matmul_bf16"]["flops_per_s"]
     reqs = workload()
     config = get_preset(args.model)
-    result: dict[str, Any] = {
-        "command": " ".join(["python3", *sys.argv]),
-        "date": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
-        "device": torch.cuda.get_device_name(),
-        "model": args.model,
-        "tp": args.tp,
-        "ceilings": {"copy": copy, "matmul_bf16": mm},
-        "workload": {
+    result = run_header(
+        model=args.model,
+        tp=args.tp,
+        ceilings=ceilings,
+        workload={
             "requests": NUM,
             "input_tokens": sum(len(p) for p, _ in reqs),
             "output_tokens": sum(o for _, o in reqs),
         },
-        "roofline": roofline(config, reqs, bw, peak, args.tp),
-    }
+        roofline=roofline(config, reqs, bw, peak, args.tp),
+    )
     log = args.out.with_suffix(".server.log")
     t0 = time.perf_counter()
     proc, url = start_server(args, log)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Generic, TypeVar
 
 import msgspec
 
@@ -15,6 +16,8 @@ from engine.runner.args import RunnerArgs
 MAX_REQUEST_BYTES = 8 * 2**20  # an escaped 128k-token prompt fits with room to spare
 LOG_LEVELS = ("debug", "info", "warning", "error")
 
+T = TypeVar("T")
+
 
 class SocketAddr:
     """``cfg.NAME_addr``: the address of the socket ``NAME`` of a ``ServeConfig``."""
@@ -24,6 +27,21 @@ class SocketAddr:
 
     def __get__(self, cfg: ServeConfig, owner: type | None = None) -> str:
         return cfg.addr(self.name)
+
+
+class RunnerSetting(Generic[T]):
+    """``cfg.NAME``: a read-only shortcut to ``cfg.runner.NAME`` of a ``ServeConfig``
+    (to ``cfg.runner.FIELD`` when made as ``RunnerSetting("FIELD")``)."""
+
+    def __init__(self, runner_name: str = "") -> None:
+        self.runner_name = runner_name
+
+    def __set_name__(self, owner: type, attr: str) -> None:
+        self.runner_name = self.runner_name or attr
+
+    def __get__(self, cfg: ServeConfig, owner: type | None = None) -> T:
+        value: T = getattr(cfg.runner, self.runner_name)
+        return value
 
 
 @dataclass(kw_only=True)
@@ -123,35 +141,13 @@ class ServeConfig:
     )
     hardware: str = derived("", "what scheduler rank 0 reports it runs on")
 
-    @property
-    def scheduler(self) -> SchedulerConfig:
-        """The scheduler core's settings (the runner builds the KV pool they describe)."""
-        return self.runner.scheduler
-
-    @property
-    def device(self) -> str:
-        return self.runner.device
-
-    @property
-    def tp_size(self) -> int:
-        return self.runner.tp_size
-
-    @property
-    def model_path(self) -> str:
-        """The HF folder or preset the model resolved to."""
-        return self.runner.model
-
-    @property
-    def vocab_limit(self) -> int | None:
-        return self.runner.vocab_limit
-
-    @property
-    def gpu_share(self) -> int:
-        return self.runner.gpu_share
-
-    @property
-    def dummy_weights(self) -> bool:
-        return self.runner.dummy_weights
+    scheduler = RunnerSetting[SchedulerConfig]()  # the KV pool the runner builds follows it
+    device = RunnerSetting[str]()
+    tp_size = RunnerSetting[int]()
+    model_path = RunnerSetting[str]("model")  # the HF folder or preset the model resolved to
+    vocab_limit = RunnerSetting[int | None]()
+    gpu_share = RunnerSetting[int]()
+    dummy_weights = RunnerSetting[bool]()
 
     @property
     def overlap_on(self) -> bool:

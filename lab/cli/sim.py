@@ -19,10 +19,10 @@ from lab.profile import commands as profile
 from lab.replay import command as replay
 from lab.replay import gen
 from lab.sweep.cli import add_capacity_parser, add_sweep_parser
+from lab.traces import commands as trace
 from lab.validate import policy_gap
 from lab.validate.command import add_validate_args
 from schema.traces import TraceError
-from schema.traces import commands as trace
 from sim.costs import ProfileError
 
 if TYPE_CHECKING:

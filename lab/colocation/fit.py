@@ -24,6 +24,7 @@ from pathlib import Path
 
 import pandas as pd
 
+from lab.tools import add_tool
 from schema.steprecord import REPLICA_COLUMN, read_step_record
 from sim.config import build_config
 from sim.costs.colocation import (
@@ -35,6 +36,7 @@ from sim.costs.colocation import (
 )
 from sim.replay import build_costs
 
+HELP = "fit a co-location table to the step records of replicas sharing a GPU"
 EXAMPLE = """examples:
   sim colocation fit STEPS.replica0.csv STEPS.replica1.csv --profile PROFILE.csv \\
       --model qwen3-0.6b --out colocation.csv
@@ -83,13 +85,7 @@ def print_table(table: Colocation, out: Path) -> None:
 
 def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     """``sim colocation fit``: its flags and its handler."""
-    p = sub.add_parser(
-        "fit",
-        help="fit a co-location table to the step records of replicas sharing a GPU",
-        description=__doc__,
-        epilog=EXAMPLE,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
+    p = add_tool(sub, "fit", help=HELP, doc=__doc__, example=EXAMPLE)
     p.add_argument("records", type=Path, nargs="+", help="the replicas' step records")
     p.add_argument("--run", type=Path, nargs="+", action="append", default=[],
                    help="another run's step records (repeatable)")  # fmt: skip

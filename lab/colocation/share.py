@@ -29,6 +29,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from lab.tools import add_tool
 from schema.steprecord import read_step_record
 from sim.config import build_config
 from sim.costs.colocation import KINDS, covered, gpu_intervals, kind_of, timed_steps
@@ -37,6 +38,7 @@ from sim.replay import build_costs
 
 FORMS = ("line", "size")
 RECORDS = ("steps.replica0.csv.gz", "steps.replica1.csv.gz")
+HELP = "does a co-located decode step depend on its neighbours' size? two fits"
 EXAMPLE = """example:
   sim colocation share RUN_DIR [RUN_DIR ...] --profile PROFILE.csv --model qwen3-0.6b"""
 
@@ -115,13 +117,7 @@ def report(beside: str, steps: pd.DataFrame) -> None:
 
 def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     """``sim colocation share``: its flags and its handler."""
-    p = sub.add_parser(
-        "share",
-        help="does a co-located decode step depend on its neighbours' size? two fits",
-        description=__doc__,
-        epilog=EXAMPLE,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
+    p = add_tool(sub, "share", help=HELP, doc=__doc__, example=EXAMPLE)
     p.add_argument("runs", type=Path, nargs="+", metavar="RUN_DIR",
                    help="a folder with the two replicas' step records")  # fmt: skip
     p.add_argument("--profile", required=True, help="the model's profile, measured alone")

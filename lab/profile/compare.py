@@ -19,9 +19,11 @@ import sys
 from pathlib import Path
 
 from core.scheduler.shape import StepShape
+from lab.tools import add_tool
 from sim.costs.profile import Profile, ProfileError, read_profile
 
 Plan = tuple[str, StepShape, int]
+HELP = "two engines' profiles of one grid, pair by pair: the speed-up per plan"
 EXAMPLE = """example:
   sim profile compare --base PREV1.csv PREV2.csv PREV3.csv --new NEW1.csv NEW2.csv NEW3.csv"""
 
@@ -86,13 +88,7 @@ def compare(base: list[Profile], new: list[Profile]) -> tuple[list[str], list[fl
 
 def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     """``sim profile compare``: its flags and its handler."""
-    p = sub.add_parser(
-        "compare",
-        help="two engines' profiles of one grid, pair by pair: the speed-up per plan",
-        description=__doc__,
-        epilog=EXAMPLE,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
+    p = add_tool(sub, "compare", help=HELP, doc=__doc__, example=EXAMPLE)
     p.add_argument("--base", type=Path, nargs="+", required=True, help="the baseline's passes")
     p.add_argument("--new", type=Path, nargs="+", required=True, help="the change's, in order")
     p.set_defaults(func=run)

@@ -26,6 +26,7 @@ import sys
 from pathlib import Path
 
 from core.scheduler.shape import StepShape
+from lab.tools import add_tool
 from sim.costs.profile import (
     EMPTY_SHAPE,
     Profile,
@@ -37,6 +38,7 @@ from sim.costs.profile import (
 from sim.costs.table import TableCostModel
 
 SAME = ("hardware", "model", "tp")
+HELP = "merge profiles of one model and hardware into one"
 EXAMPLE = """examples:
   sim profile merge FIRST.csv MORE.csv --out MERGED.csv
   sim profile merge PASS1.csv PASS2.csv PASS3.csv --median --out PROFILE.csv"""
@@ -94,13 +96,7 @@ def median_rows(steps: list[ProfileRow]) -> list[ProfileRow]:
 
 def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     """``sim profile merge``: its flags and its handler."""
-    p = sub.add_parser(
-        "merge",
-        help="merge profiles of one model and hardware into one",
-        description=__doc__,
-        epilog=EXAMPLE,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
+    p = add_tool(sub, "merge", help=HELP, doc=__doc__, example=EXAMPLE)
     p.add_argument(
         "profiles", type=Path, nargs="+", help="profiles; the first gives CPU rows, provenance"
     )

@@ -18,11 +18,13 @@ from pathlib import Path
 import pandas as pd
 
 from core.scheduler.shape import StepShape
+from lab.tools import add_tool
 from schema.steprecord import SHAPE_COLUMNS
 from sim.costs import TableCostModel, read_profile
 
 KINDS = ("mixed", "decode", "prefill")
 COLUMNS = ("kind", "recorded_device_ms", "alone_device_ms", *SHAPE_COLUMNS)
+HELP = "a run's steps over the same plans alone, and each profile's model over them"
 EXAMPLE = """example:
   sim profile vs-record OUT_vs_record.csv --profile profiles/h200_llama-3.1-8b.csv"""
 
@@ -54,13 +56,7 @@ def ratios(frame: pd.DataFrame, profiles: list[Path]) -> pd.DataFrame:
 
 def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     """``sim profile vs-record``: its flags and its handler."""
-    p = sub.add_parser(
-        "vs-record",
-        help="a run's steps over the same plans alone, and each profile's model over them",
-        description=__doc__,
-        epilog=EXAMPLE,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
+    p = add_tool(sub, "vs-record", help=HELP, doc=__doc__, example=EXAMPLE)
     p.add_argument("vs_record", type=Path, help="engine profile --plans-from's _vs_record.csv")
     p.add_argument("--profile", type=Path, nargs="+", required=True, help="profiles to price with")
     p.set_defaults(func=run)

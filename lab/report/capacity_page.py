@@ -4,6 +4,7 @@ its probes: the requests that miss an SLO and the P99 tails against the rate sca
 from __future__ import annotations
 
 import html
+import re
 from pathlib import Path
 
 import pandas as pd
@@ -96,32 +97,38 @@ def _probe_sections(
     ]
 
 
-COLUMNS: dict[str, tuple[str, str]] = {
-    "config_id": ("config", "the configuration's number in capacity.csv"),
-    "max_rate_scale": ("max scale", "highest passing rate scale (x the trace's rate)"),
-    "max_request_rate": ("max req/s", "that scale times the trace's mean arrival rate"),
-    "replicas_even_split": ("replicas even", "replicas the trace's own rate needs with the "
-                            "traffic split evenly: ceil(1 / max scale)"),
-    "replicas_simulated": ("replicas sim", "--replicas-search: the fewest replicas behind the "
-                           "router that meet the SLOs (one fewer does not)"),
-    "replicas_simulated_rate_scale": ("sim scale", "the rate scale of that search"),
-    "attainment_at_replicas": ("att. at replicas", "SLO attainment with replicas sim"),
-    "attainment_one_fewer": ("att. one fewer", "SLO attainment with one replica fewer"),
-    "replicas_simulated_note": ("replicas note", "why the replica search found no count"),
-    "attainment_at_max": ("att. at max", "SLO attainment at max scale"),
-    "binding_limit_at_max": ("limit at max", "binding limit at max scale"),
-    "first_failing_scale": ("first fail", "lowest failing rate scale probed"),
-    "crossing_scale": ("crossing", "where attainment falls through the target, interpolated "
-                       "between probes"),
-    "binding_limit_above": ("limit above", "binding limit at first fail"),
-    "ttft_stage_above": ("TTFT stage above", "the stage with the largest share of TTFT at "
-                         "first fail"),
-    "engine_busy_above": ("busy above", "engine busy share at first fail"),
-    "ttft_ms_p90_at_max": ("TTFT P90 ms", "P90 TTFT at max scale"),
-    "tpot_ms_p90_at_max": ("TPOT P90 ms", "P90 TPOT at max scale"),
-    "probes": ("probes", "replays run by the search"),
-    "error": ("error", "why the search failed"),
-}  # fmt: skip
+def _columns(table: str) -> dict[str, tuple[str, str]]:
+    """``{column: (header, meaning)}`` from rows ``column | header | meaning``; an indented
+    line carries on the row above it."""
+    rows = re.sub(r"\n +", " ", table.strip()).splitlines()
+    return {column: (header, meaning) for column, header, meaning in (r.split(" | ") for r in rows)}
+
+
+COLUMNS = _columns("""
+config_id | config | the configuration's number in capacity.csv
+max_rate_scale | max scale | highest passing rate scale (x the trace's rate)
+max_request_rate | max req/s | that scale times the trace's mean arrival rate
+replicas_even_split | replicas even | replicas the trace's own rate needs with the traffic split
+    evenly: ceil(1 / max scale)
+replicas_simulated | replicas sim | --replicas-search: the fewest replicas behind the router
+    that meet the SLOs (one fewer does not)
+replicas_simulated_rate_scale | sim scale | the rate scale of that search
+attainment_at_replicas | att. at replicas | SLO attainment with replicas sim
+attainment_one_fewer | att. one fewer | SLO attainment with one replica fewer
+replicas_simulated_note | replicas note | why the replica search found no count
+attainment_at_max | att. at max | SLO attainment at max scale
+binding_limit_at_max | limit at max | binding limit at max scale
+first_failing_scale | first fail | lowest failing rate scale probed
+crossing_scale | crossing | where attainment falls through the target, interpolated between
+    probes
+binding_limit_above | limit above | binding limit at first fail
+ttft_stage_above | TTFT stage above | the stage with the largest share of TTFT at first fail
+engine_busy_above | busy above | engine busy share at first fail
+ttft_ms_p90_at_max | TTFT P90 ms | P90 TTFT at max scale
+tpot_ms_p90_at_max | TPOT P90 ms | P90 TPOT at max scale
+probes | probes | replays run by the search
+error | error | why the search failed
+""")
 """The capacity table's columns: short header and meaning (the legend under the table)."""
 
 

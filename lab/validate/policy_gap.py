@@ -14,6 +14,9 @@ import json
 import sys
 from pathlib import Path
 
+from lab.tools import add_tool
+
+HELP = "two policies' latency difference, real against simulated, from two validations"
 EXAMPLE = """example:
   sim policy-gap VALIDATE_ROUND_ROBIN/ VALIDATE_CACHE_AWARE/ --metric ttft_ms --quantile p90"""
 
@@ -39,13 +42,7 @@ def relative(sim: float, real: float) -> str:
 
 def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     """``sim policy-gap``: its flags and its handler."""
-    p = sub.add_parser(
-        "policy-gap",
-        help="two policies' latency difference, real against simulated, from two validations",
-        description=__doc__,
-        epilog=EXAMPLE,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
+    p = add_tool(sub, "policy-gap", help=HELP, doc=__doc__, example=EXAMPLE)
     p.add_argument("first", type=Path, help="the sim validate folder of the first policy")
     p.add_argument("second", type=Path, help="the sim validate folder of the second policy")
     p.add_argument("--metric", default="ttft_ms", help="ttft_ms (default), tpot_ms, itl_ms, ...")
