@@ -2,8 +2,9 @@
 
 Side by side (the speed figures of ``reports/sim_speed/``)::
 
-    .venv/bin/python benchmarks/sim_replay.py --baseline 1d1c429 --repeats 3 \\
-        --json reports/sim_speed/sim_replay_speed.json
+    .venv/bin/python benchmarks/sim_replay.py --baseline 30566dd --repeats 3 \\
+        --extra=--no-report --extra=--profile=profiles/h200_llama-3.1-8b.csv \\
+        --json reports/sim_speed/hour_same_profile.json
 
 exports the baseline commit with ``git archive`` into a temporary folder, then
 runs the whole command ``python -m lab.cli.sim replay TRACE --out DIR``
@@ -191,7 +192,13 @@ def main() -> None:
     parser.add_argument("--baseline", help="commit to compare against, side by side")
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--json", type=Path, help="write the side-by-side record here")
-    parser.add_argument("--extra", nargs="*", default=[], help="more `sim replay` arguments")
+    parser.add_argument(
+        "--extra",
+        nargs="*",
+        action="extend",
+        default=[],
+        help="more `sim replay` arguments, each as --extra=ARG (repeatable)",
+    )
     parser.add_argument("--phases", action="store_true", help="time the phases in-process")
     parser.add_argument("--profile", action="store_true", help="cProfile the simulation phase")
     parser.add_argument("--report", action="store_true", help="phases: also write report.html")

@@ -110,7 +110,7 @@ wait_ready() {  # wait_ready URL PID SECONDS: 0 once /health answers, 1 if the s
 }
 host_cpu() {  # the CPU stage costs of this host, once per output folder: each validation's
     # simulation takes them (--cpu-profile) over its profile's, measured on another host
-    # (two H200 hosts' tokenizers differed by 37 %: reports/cluster/h200_shared_gpu/, last section)
+    # (two H200 hosts' tokenizers differed by 37 %: reports/cluster/)
     [ -f "$out/host_cpu.csv" ] || python3 -m lab.cli.engine profile --model llama-3.1-8b \
         --dummy-weights --tokenizer .gpu/tokenizer --device cuda --no-steps \
         --out "$out/host_cpu.csv" >"$out/host_cpu.log" 2>&1
