@@ -33,7 +33,8 @@ from typing import Any
 from core.router import RouterConfig
 from core.router.options import ROUTER_KEYS, pop_router_config, router_keys
 from core.scheduler import POLICIES, SchedulerConfig
-from core.settings import mem_fraction_setting
+from core.settings import mem_fraction_setting, setting
+from schema.layouts import LAYOUTS
 from sim.costs import CostSpec, Profile
 from sim.costs.committed import committed_profile
 from sim.costs.presets import DTYPE_BYTES, hardware, model_shape
@@ -64,7 +65,14 @@ class SimConfig:
     cpu_profile: str | None = None  # CPU stage costs first from this profile (None: the
     # profile's, else the committed profiles/cpu_costs.csv)
     # pipeline
-    num_tokenizers: int = 1
+    num_tokenizers: int = 1  # tokenizer worker processes (the split layout's; one otherwise)
+    layout: str = setting(
+        "split",
+        "where tokenization and detokenization run, as engine serve --layout: split (worker "
+        "processes, an IPC hop each way), frontend (the frontend's process), inline (the "
+        "scheduler's loop, between steps)",
+        choices=LAYOUTS,
+    )
     # overlap scheduling: plan step N+1 while step N runs (sim.model.scheduler_loop);
     # build_config sets it to the loop the profile's engine runs unless asked
     overlap: bool = False
@@ -97,6 +105,8 @@ class SimConfig:
                 raise ValueError(f"{name} must be one of {sorted(DTYPE_BYTES)}")
         if self.dtype not in hw.peak_flops and self.cost_model == "roofline":
             raise ValueError(f"no measured {self.dtype} peak for {hw.name}")
+        if self.layout not in LAYOUTS:
+            raise ValueError(f"unknown layout {self.layout!r}; known: {list(LAYOUTS)}")
         if self.scheduler.policy not in POLICIES:
             raise ValueError(f"unknown policy {self.scheduler.policy!r}; known: {sorted(POLICIES)}")
         for name in ("tp", "num_tokenizers", "max_run_steps", "replicas"):

@@ -203,6 +203,7 @@ def build_replay(
         config.max_run_steps,
         copies=build_copy_costs(config),
         record_steps=record_steps,
+        layout=config.layout,
     )
     request_writer, request_memory = _kept(tables.requests, tables.keep)
     built = BuiltReplay(

@@ -2,7 +2,7 @@
 
 The full storm is ``benchmarks/abort_storm.py`` (figures in ``reports/robustness/``);
 this one runs the same driver with fewer requests on a KV pool too small for
-the batch, so aborts meet preemptions.
+the batch, so aborts meet preemptions, in each process layout (``--layout``).
 """
 
 from __future__ import annotations
@@ -24,10 +24,11 @@ pytestmark = pytest.mark.slow
 MAX_TOKENS = 12
 
 
-def test_abort_storm_leaves_no_pages_and_whole_streams(model_ready: str) -> None:
+@pytest.mark.parametrize("layout", ["split", "frontend", "inline"])
+def test_abort_storm_leaves_no_pages_and_whole_streams(model_ready: str, layout: str) -> None:
     # 12 pages of 8 tokens: each request (~4 prompt + 12 output tokens) grows into a second
     # page, which the 12 that fit at first cannot all have: preemption
-    args = ("--num-pages", "12", "--page-size", "8", "--max-running", "12")
+    args = ("--num-pages", "12", "--page-size", "8", "--max-running", "12", "--layout", layout)
     with running_server(*args, cpu_threads=2) as server:
         expected = asyncio.run(reference(server.url, PROMPTS[:4], MAX_TOKENS))
         before = scrape(server.url)

@@ -4,7 +4,8 @@ A killed child must make ``/health`` fail within 2 s, turn every in-flight
 request into an error naming the child (a 503 body, or an error event in a
 stream) instead of a hang, and take the server down with a log line naming
 it (and no traceback for the failed requests), leaving no process and no run
-directory (with its sockets) behind.
+directory (with its sockets) behind. In the ``frontend`` and ``inline`` layouts
+the scheduler rank is the only child.
 """
 
 from __future__ import annotations
@@ -95,7 +96,10 @@ def health_fails_within(url: str, limit: float, since: float) -> float:
         ("detokenizer0", ()),
         ("scheduler0", ()),
         ("scheduler1", ("--tp", "2")),
+        ("scheduler0", ("--layout", "frontend")),
+        ("scheduler0", ("--layout", "inline")),
     ],
+    ids=["tokenizer0", "detokenizer0", "scheduler0", "scheduler1-tp2", "frontend", "inline"],
 )
 def test_kill_9_of_a_child_fails_requests_and_stops_cleanly(
     model_ready: str, victim: str, args: tuple[str, ...]

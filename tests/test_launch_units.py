@@ -11,8 +11,9 @@ import pytest
 from core.scheduler import SchedulerStats
 from engine.ipc import messages
 from engine.ipc.config import ServeConfig
+from engine.launch.launcher import Launcher
 from engine.launch.rundir import make_run_dir, remove_run_dir
-from engine.launch.serve import build_parser
+from engine.launch.serve import build_parser, serve_main
 from engine.runner.args import RunnerArgs
 from engine.sampling.params import SamplingParams
 
@@ -80,3 +81,19 @@ def test_serve_options_are_validated() -> None:
     for bad in (["--model", "m", "--tp", "0"], ["--model", "m", "--device", "tpu"], []):
         with pytest.raises(SystemExit):
             parser.parse_args(bad)
+
+
+@pytest.mark.parametrize("layout", ["frontend", "inline"])
+def test_tokenizer_workers_are_split_s_alone(
+    layout: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with pytest.raises(SystemExit) as exit_:
+        serve_main(["--model", "smollm2-135m", "--layout", layout, "--num-tokenizers", "2"])
+    assert exit_.value.code == 2
+    assert "only --layout split has" in capsys.readouterr().err
+    cfg = ServeConfig(
+        model="m", runner=RunnerArgs(model="m"), tokenizer_path="t", vocab_size=8,
+        run_dir=str(tmp_path), parent_pid=1, max_model_len=8, layout=layout,
+    )  # fmt: skip
+    assert Launcher([cfg]).expected_ready() == {"scheduler0"}
+    assert cfg.token_addr == cfg.frontend_addr

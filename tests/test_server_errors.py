@@ -1,16 +1,30 @@
-"""Bad input gets a 4xx with an OpenAI-style error body, and the server keeps serving."""
+"""Bad input gets a 4xx with an OpenAI-style error body, and the server keeps serving, in the
+``split`` layout and in ``inline`` (where scheduler rank 0 rejects a prompt itself)."""
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+
 import httpx
 import pytest
-from conftest import MODEL, Server
+from conftest import MODEL, Server, running_server
 
 pytestmark = pytest.mark.slow
 
 CHAT = "/v1/chat/completions"
 COMPLETIONS = "/v1/completions"
 MSGS = [{"role": "user", "content": "hi"}]
+
+
+@pytest.fixture(scope="module", params=["split", "inline"])
+def server(request: pytest.FixtureRequest, server: Server) -> Iterator[Server]:
+    """The shared ``split`` server, then one of ``--layout inline``."""
+    if request.param == "split":
+        yield server
+        return
+    with running_server("--layout", "inline", "--num-pages", "1024", cpu_threads=2) as s:
+        yield s
+
 
 CASES = [
     ("malformed json", COMPLETIONS, b'{"prompt": "hi", "max_tokens": ', 400, None),

@@ -1,6 +1,7 @@
 """Property tests of the simulator against the scheduler core it drives.
 
-For random small traces (with and without ``hash_ids``) and configurations:
+For random small traces (with and without ``hash_ids``) and configurations (each
+process layout included):
 every request completes or is rejected with a reason, timestamps are ordered,
 output lengths follow the trace, and replaying the simulator's recorded calls
 on a fresh ``Scheduler`` gives the same plans, events and decode runs.
@@ -17,6 +18,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from core.scheduler import POLICIES
+from schema.layouts import LAYOUTS
 from schema.spill import SpilledSamples
 from schema.traces import load_trace
 from sim.config import build_config
@@ -68,6 +70,7 @@ configs = st.fixed_dictionaries(
         "reserve_decode": st.booleans(),
         "fast_forward": st.booleans(),
         "num_tokenizers": st.integers(1, 3),
+        "layout": st.sampled_from(LAYOUTS),
         "model": st.sampled_from(["smollm2-135m", "llama-3.1-8b"]),
     }
 )

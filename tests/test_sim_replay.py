@@ -97,6 +97,8 @@ def _frames(
     [
         ("azure_conv.csv", {}),
         ("azure_code.csv", {"num_tokenizers": 2}),
+        ("azure_code.csv", {"layout": "inline"}),
+        ("azure_conv.csv", {"layout": "frontend"}),
         ("mooncake_conversation.jsonl", {"model": "qwen3-0.6b", "num_pages": 3000}),
         ("azure_conv.csv", {"num_pages": 600, "max_running": 8, "policy": "sjf"}),
         ("azure_conv.csv", {"num_pages": 600, "reserve_decode": True}),
@@ -260,3 +262,14 @@ def test_overlap_prices_device_time_on_the_gpu_and_host_time_on_the_cpu(tmp_path
         np.testing.assert_allclose(on_steps["duration_s"], off_steps["duration_s"], rtol=1e-9)
         tpot[overlap] = float(on_req["tpot_ms"].median())
     assert tpot[True] < 0.75 * tpot[False]
+
+
+def test_the_printed_provenance_is_the_fit_not_the_profile_header() -> None:
+    from lab.replay.summary import short_provenance
+
+    fit = "piecewise-linear fit to 9 step rows; fit error over 9 rows: mean 2.0%"
+    whole = f"{fit}: hardware: 1x NVIDIA H200; model: llama-3.1-8b; command: engine profile ..."
+    assert short_provenance(whole) == f"{fit} (whole: summary.json, cost_model.provenance)"
+    assert short_provenance("roofline of h200") == "roofline of h200"
+    long = short_provenance("x " * 400)
+    assert len(long) < 300 and long.endswith("cost_model.provenance)")

@@ -12,6 +12,7 @@ from core.router import RouterConfig
 from core.scheduler import SchedulerConfig
 from core.settings import derived, non_negative_float, positive_float, positive_int, setting
 from engine.runner.args import RunnerArgs
+from schema.layouts import LAYOUTS
 
 MAX_REQUEST_BYTES = 8 * 2**20  # an escaped 128k-token prompt fits with room to spare
 LOG_LEVELS = ("debug", "info", "warning", "error")
@@ -70,6 +71,9 @@ class ServeConfig:
     is what scheduler rank 0 runs on (``engine.runner.hardware``, the words of a
     profile's header), set in the frontend once the ranks are ready.
 
+    ``layout`` says which process tokenizes and detokenizes (``engine.launch.launcher``
+    spawns the children it needs; ``engine.ipc.messages`` draws each layout's paths).
+
     ``dp_size`` replicas (each its scheduler ranks and detokenizer) serve behind
     the one frontend, which places every request with a ``router`` core; a
     replica's processes read the config with ``replica`` set to theirs (the
@@ -97,7 +101,18 @@ class ServeConfig:
     router: RouterConfig = field(
         default_factory=RouterConfig, metadata={"derived": "the router core's settings"}
     )
-    num_tokenizers: int = setting(1, "tokenizer worker processes", parse=positive_int)
+    layout: str = setting(
+        "split",
+        "where text becomes token ids and back: split (tokenizer worker processes and a "
+        "detokenizer process per replica), frontend (threads of the HTTP frontend's process) "
+        "or inline (each replica's scheduler rank 0, between its steps); any --dp and --tp",
+        choices=LAYOUTS,
+    )
+    num_tokenizers: int = setting(
+        1,
+        "tokenizer worker processes (--layout split; above 1 an error otherwise)",
+        parse=positive_int,
+    )
     host: str = setting("127.0.0.1", "address to listen on")
     port: int = setting(8000, "port to listen on; 0 picks a free port")
     api_key: str | None = setting(None, "require 'Authorization: Bearer KEY'")
@@ -172,6 +187,12 @@ class ServeConfig:
     @property
     def detokenizer_addr(self) -> str:
         return self.addr(f"detokenizer{self.replica}")
+
+    @property
+    def token_addr(self) -> str:
+        """Where scheduler rank 0 sends its ``TokenBatch``: the detokenizer of its replica
+        (``split``) or the frontend (``frontend``); ``inline`` sends text there instead."""
+        return self.detokenizer_addr if self.layout == "split" else self.frontend_addr
 
     frontend_addr = SocketAddr()
     ready_addr = SocketAddr()

@@ -10,6 +10,15 @@ Every message that concerns a request carries its ``rid``. The path of a request
     scheduler ──StatsUpdate──► frontend                (for /metrics)
     every child ──Ready──► launcher                    (after loading)
 
+That is ``--layout split``. With ``--layout frontend`` the frontend's own threads
+tokenize and detokenize (no tokenizer or detokenizer process)::
+
+    frontend ──TokenizedRequest, AbortRequest──► scheduler rank 0 ──TokenBatch──► frontend
+
+With ``--layout inline`` scheduler rank 0 tokenizes and detokenizes between steps::
+
+    frontend ──GenerateRequest, AbortRequest──► scheduler rank 0 ──TextBatch──► frontend
+
 With several replicas the frontend names the ``replica`` of a request (and of
 its abort) and the tokenizer worker sends it to that replica's scheduler; each
 replica's scheduler and detokenizer form their own closed loop, and a

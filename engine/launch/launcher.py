@@ -4,6 +4,11 @@ Invariant: every child is started by ``Launcher.start`` and ended by
 ``Launcher.stop`` (SIGTERM, then SIGKILL after a grace period), whatever made
 the server stop: a signal, a dead child, or an error while starting.
 
+The children follow ``--layout``: ``split`` spawns the tokenizer workers and,
+per replica, the scheduler ranks and a detokenizer; ``frontend`` and ``inline``
+spawn only each replica's scheduler ranks (the frontend's threads, or scheduler
+rank 0's loop, tokenize and detokenize there).
+
 With several replicas a child of one replica (a scheduler rank, its
 detokenizer) that dies while the server runs takes only that replica down:
 the launcher stops the replica's other children and reports it, and the
@@ -69,16 +74,23 @@ class Launcher:
     def cfg(self) -> ServeConfig:
         return self.replicas[0]
 
+    @property
+    def split(self) -> bool:
+        """Whether tokenizer workers and detokenizers run as processes of their own (the
+        ``split`` layout); otherwise the frontend or scheduler rank 0 hosts them."""
+        return self.cfg.layout == "split"
+
     def start(self) -> None:
-        """Spawn the tokenizer workers, and each replica's scheduler ranks and detokenizer."""
+        """Spawn the tokenizer workers, and each replica's scheduler ranks and detokenizer
+        (only the scheduler ranks unless the layout is ``split``)."""
         shared = str(self.cfg.save())
         plan: list[tuple[str, int, int | None, str]] = [
-            ("tokenizer", i, None, shared) for i in range(self.cfg.num_tokenizers)
+            ("tokenizer", i, None, shared) for i in range(self.cfg.num_tokenizers) if self.split
         ]
         for cfg in self.replicas:
             path = str(cfg.save())
             plan += [("scheduler", rank, cfg.replica, path) for rank in range(cfg.tp_size)]
-            plan += [("detokenizer", 0, cfg.replica, path)]
+            plan += [("detokenizer", 0, cfg.replica, path)] if self.split else []
         for role, rank, replica, config_path in plan:
             cmd = [sys.executable, "-m", "engine.launch.child", role, str(rank), config_path]
             proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL)
@@ -88,6 +100,8 @@ class Launcher:
 
     def expected_ready(self) -> set[str]:
         """Children that report readiness (TP followers are covered by rank 0's report)."""
+        if not self.split:
+            return {self.cfg.child_name("scheduler", 0, r) for r in range(len(self.replicas))}
         names = {f"tokenizer{i}" for i in range(self.cfg.num_tokenizers)}
         for r in range(len(self.replicas)):
             names |= {self.cfg.child_name(role, 0, r) for role in ("scheduler", "detokenizer")}

@@ -78,6 +78,12 @@ def make_config(
         scheduler=scheduler_config(args),
     )
     values = given(args, ServeConfig)
+    layout = values.get("layout", "split")
+    if layout != "split" and values.get("num_tokenizers", 1) > 1:
+        raise ValueError(
+            f"--num-tokenizers sets tokenizer worker processes, which only --layout split has; "
+            f"--layout {layout} tokenizes in one place"
+        )
     if "record_steps" in values:
         values["record_steps"] = str(Path(values["record_steps"]).resolve())
     context_len = source.context_len

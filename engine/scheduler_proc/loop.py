@@ -2,9 +2,12 @@
 
 Rank 0 owns the core and the model's leader: it drains its inbox without
 blocking while there is work, blocks on the socket (with a timeout) when idle,
-runs steps, sends each step's tokens to the detokenizer and the core's counters
-to the frontend. Ranks >= 1 run ``follower_main`` and execute what rank 0
-broadcasts.
+runs steps, sends each step's tokens on (``cfg.token_addr``: the detokenizer,
+or with ``--layout frontend`` the frontend) and the core's counters to the
+frontend. Ranks >= 1 run ``follower_main`` and execute what rank 0 broadcasts.
+With ``--layout inline`` rank 0 takes requests as text from the frontend and
+sends text back (``engine.scheduler_proc.inline``): tokenizing a request sits
+between two steps, in the same pass that drains the inbox.
 
 With overlap scheduling (the default on CUDA) an iteration launches step N+1
 before it finishes step N::
@@ -36,6 +39,7 @@ from engine.ipc.sockets import open_sockets, report_ready
 from engine.runner.args import RunnerArgs
 from engine.runner.hardware import hardware
 from engine.scheduler_proc.driver import Launched, StepDriver
+from engine.scheduler_proc.inline import InlineText
 from engine.scheduler_proc.recorder import StepRecorder
 from schema.steprecord import replica_record_path
 
@@ -78,8 +82,9 @@ def serve_rank0(cfg: ServeConfig, leader: TPLeader) -> None:
         runner.time_steps = True
         log.info("recording every step in %s", path)
     engine = StepDriver(sched_cfg, leader.launch, cfg.eos_token_ids, recorder)
-    ctx, inbox, (to_detok, to_frontend) = open_sockets(
-        cfg.scheduler_addr, cfg.detokenizer_addr, cfg.frontend_addr
+    text = InlineText(cfg) if cfg.layout == "inline" else None
+    ctx, inbox, (outputs, to_frontend) = open_sockets(
+        cfg.scheduler_addr, cfg.token_addr, cfg.frontend_addr
     )
     report_ready(
         cfg,
@@ -99,8 +104,8 @@ def serve_rank0(cfg: ServeConfig, leader: TPLeader) -> None:
         runner.page_size,
         runner.host_pages,
     )
-    log.info("overlap scheduling %s", "on" if cfg.overlap_on else "off")
-    loop = SchedulerLoop(engine, inbox, to_detok, to_frontend, cfg.overlap_on, cfg.replica)
+    log.info("overlap scheduling %s; layout %s", "on" if cfg.overlap_on else "off", cfg.layout)
+    loop = SchedulerLoop(engine, inbox, outputs, to_frontend, cfg.overlap_on, cfg.replica, text)
     if runner.host_kv is not None:
         loop.host_load_s = runner.host_kv.load_seconds
     try:
@@ -111,21 +116,26 @@ def serve_rank0(cfg: ServeConfig, leader: TPLeader) -> None:
 
 
 class SchedulerLoop:
+    """``outputs``: where a step's outputs go, as tokens (``split``, ``frontend``) or, when
+    ``text`` is given (``inline``), as text."""
+
     def __init__(
         self,
         engine: StepDriver,
         inbox: zmq.Socket[bytes],
-        to_detok: zmq.Socket[bytes],
+        outputs: zmq.Socket[bytes],
         to_frontend: zmq.Socket[bytes],
         overlap: bool,
         replica: int,
+        text: InlineText | None = None,
     ) -> None:
         self.engine = engine
         self.overlap = overlap
         self.replica = replica
         self.inbox = inbox
-        self.to_detok = to_detok
+        self.outputs = outputs
         self.to_frontend = to_frontend
+        self.text = text
         self.last_stats: messages.StatsUpdate | None = None
         self.last_stats_time = 0.0
         self.host_load_s: Callable[[], float] | None = None  # the host KV pool's load time
@@ -140,7 +150,7 @@ class SchedulerLoop:
             produced, in_flight, stalled = self.engine.advance(in_flight, self.overlap)
             items += produced
             if items:
-                self.to_detok.send(messages.encode(messages.TokenBatch(items=items)))
+                self.send_outputs(items)
             idle = not self.engine.has_work()  # nothing waits, runs or is in flight
             if idle and self.engine.recorder is not None:
                 self.engine.recorder.flush()
@@ -157,6 +167,12 @@ class SchedulerLoop:
             except zmq.Again:
                 return errors
             msg = messages.try_decode(data)
+            if isinstance(msg, messages.GenerateRequest) and self.text is not None:
+                tokenized = self.text.tokenize(msg)
+                if isinstance(tokenized, messages.TokenItem):
+                    errors.append(tokenized)
+                    continue
+                msg = tokenized
             if isinstance(msg, messages.TokenizedRequest):
                 error = self.engine.add(msg)
                 if error is not None:
@@ -165,6 +181,18 @@ class SchedulerLoop:
                 self.engine.abort(msg.rid, msg.reason)
             elif msg is not None:
                 log.error("unexpected message %s", type(msg).__name__)
+
+    def send_outputs(self, items: list[messages.TokenItem]) -> None:
+        """Send a step's tokens on; ``inline``: their text, a stop string's match aborted here."""
+        if self.text is None:
+            self.outputs.send(messages.encode(messages.TokenBatch(items=items)))
+            return
+        texts, stopped = self.text.detokenize(items)
+        for rid in stopped:
+            log.info("rid %s matched a stop string; aborting it", rid)
+            self.engine.abort(rid, "stop string")
+        if texts:
+            self.outputs.send(messages.encode(messages.TextBatch(items=texts)))
 
     def send_stats(self, force: bool) -> None:
         """Send the core's counters when they changed, at most every ``STATS_INTERVAL_S``."""

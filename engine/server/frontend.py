@@ -1,11 +1,14 @@
 """The frontend's side of the pipeline: submit requests, route their outputs back by rid.
 
 One ``Frontend`` per server process. ``submit`` places a request on a replica
-(``Replicas``: the router core, told of every request's end), sends it to a
-tokenizer worker (round-robin) and returns a ``RequestStream``; a background
-task reads ``TextBatch`` messages and puts each item on the queue of its rid.
-Aborts go to the worker that got the request, so they arrive after it. When a
-replica fails, its open requests fail with 503 and the others keep serving.
+(``Replicas``: the router core, told of every request's end), sends it into
+the pipeline through the inlet of the layout (``engine.server.inlets``: a
+tokenizer worker, the replica's scheduler, or this process's tokenizer thread)
+and returns a ``RequestStream``; a background task reads ``TextBatch`` messages
+(with ``--layout frontend``, ``TokenBatch`` messages it detokenizes) and puts
+each item on the queue of its rid. Aborts take the path of their request, so
+they arrive after it. When a replica fails, its open requests fail with 503
+and the others keep serving.
 
 Admission: a request is *queued* from ``submit`` until its first output item
 arrives (it is being tokenized, waits in the scheduler, or is in prefill).
@@ -19,7 +22,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import itertools
 import logging
 import math
 import time
@@ -32,6 +34,7 @@ import zmq.asyncio
 from engine.ipc import messages
 from engine.ipc.config import ServeConfig
 from engine.server.errors import APIError
+from engine.server.inlets import FrontendText, Inlet, PipelineFull, make_inlet
 from engine.server.metrics import ServerMetrics
 from engine.server.replicas import Replicas
 
@@ -156,10 +159,9 @@ class Frontend:
         self.worker_of: dict[str, int] = {}
         self.replicas = Replicas(cfg.router, cfg.dp_size)
         self.finish_times: deque[float] = deque(maxlen=FINISH_WINDOW)
-        self._next_worker = itertools.cycle(range(cfg.num_tokenizers))
         self._ctx = zmq.Context()
         self._actx = zmq.asyncio.Context()
-        self._to_tokenizers: list[zmq.Socket[bytes]] = []
+        self._inlet: Inlet | None = None
         self._inbox: zmq.asyncio.Socket | None = None
         self._task: asyncio.Task[None] | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -168,11 +170,7 @@ class Frontend:
 
     async def start(self) -> None:
         self._loop = asyncio.get_running_loop()
-        for i in range(self.cfg.num_tokenizers):
-            sock = self._ctx.socket(zmq.PUSH)
-            sock.setsockopt(zmq.LINGER, 0)
-            sock.connect(self.cfg.tokenizer_addr(i))
-            self._to_tokenizers.append(sock)
+        self._inlet = make_inlet(self.cfg, self._ctx, self._deliver)
         inbox = self._actx.socket(zmq.PULL)
         inbox.setsockopt(zmq.LINGER, 0)
         inbox.bind(self.cfg.frontend_addr)
@@ -184,8 +182,8 @@ class Frontend:
             self._task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._task
-        for sock in self._to_tokenizers:
-            sock.close()
+        if self._inlet is not None:
+            self._inlet.close()
         if self._inbox is not None:
             self._inbox.close()
         self._ctx.term()
@@ -221,15 +219,15 @@ class Frontend:
     def submit(self, req: messages.GenerateRequest) -> RequestStream:
         """Place ``req`` on a replica and send it into the pipeline; its outputs arrive on the
         returned stream."""
+        assert self._inlet is not None, "submit before start"
         req.replica = self.replicas.place(req)
-        worker = next(self._next_worker)
         try:
-            self._to_tokenizers[worker].send(messages.encode(req), zmq.NOBLOCK)
-        except zmq.Again:
+            worker = self._inlet.send(req)
+        except PipelineFull as exc:
             self.replicas.ended(req.rid, finished=False)
             self.metrics.on_rejected("pipeline_full")
             raise APIError(
-                f"tokenizer {worker} is not keeping up; retry later",
+                f"{exc} is not keeping up; retry later",
                 status=503,
                 code="pipeline_full",
                 retry_after=1,
@@ -238,7 +236,7 @@ class Frontend:
         stream.result.replica = req.replica
         self.streams[req.rid] = stream
         self.worker_of[req.rid] = worker
-        log.debug("rid %s sent to tokenizer %d for replica %d", req.rid, worker, req.replica)
+        log.debug("rid %s sent on for replica %d (path %d)", req.rid, req.replica, worker)
         return stream
 
     def abort(self, rid: str, reason: str = "client disconnected") -> None:
@@ -252,15 +250,13 @@ class Frontend:
             self.metrics.on_aborted()
 
     def _send_abort(self, rid: str, reason: str) -> None:
-        """Tell ``rid``'s scheduler (through its tokenizer worker) to drop it, unless it is not
-        open or its replica is down. Best effort: a tokenizer that is gone or stuck does not
-        block the frontend."""
+        """Tell ``rid``'s scheduler (by its request's path) to drop it, unless it is not open or
+        its replica is down. Best effort: a stage that is gone or stuck does not block the
+        frontend."""
         worker, replica = self.worker_of.get(rid), self.replicas.replica_of(rid)
-        if worker is None or replica is None:
+        if worker is None or replica is None or self._inlet is None:
             return
-        msg = messages.AbortRequest(rid=rid, reason=reason, replica=replica)
-        with contextlib.suppress(zmq.Again):
-            self._to_tokenizers[worker].send(messages.encode(msg), zmq.NOBLOCK)
+        self._inlet.abort(worker, messages.AbortRequest(rid=rid, reason=reason, replica=replica))
 
     def end_all(self, reason: str) -> None:
         """Fail every open request with 503 ``reason`` (the server is stopping); abort each."""
@@ -298,20 +294,30 @@ class Frontend:
         self.worker_of.pop(rid, None)
         self.replicas.ended(rid, finished)
 
+    def _deliver(self, items: list[messages.TextItem]) -> None:
+        """Put each item on the queue of its request's stream."""
+        for item in items:
+            if item.finish_reason is not None or item.error is not None:
+                self.finish_times.append(time.monotonic())
+            stream = self.streams.get(item.rid)
+            if stream is not None:
+                stream.started = True
+                stream.last_token_time = self.metrics.on_item(
+                    stream.result.received, stream.last_token_time, item
+                )
+                stream.queue.put_nowait(item)
+
     async def _receive_loop(self, inbox: zmq.asyncio.Socket) -> None:
         while True:
             msg = messages.try_decode(await inbox.recv())
             if isinstance(msg, messages.TextBatch):
-                for item in msg.items:
-                    if item.finish_reason is not None or item.error is not None:
-                        self.finish_times.append(time.monotonic())
-                    stream = self.streams.get(item.rid)
-                    if stream is not None:
-                        stream.started = True
-                        stream.last_token_time = self.metrics.on_item(
-                            stream.result.received, stream.last_token_time, item
-                        )
-                        stream.queue.put_nowait(item)
+                self._deliver(msg.items)
+            elif isinstance(msg, messages.TokenBatch) and isinstance(self._inlet, FrontendText):
+                items, stopped = await self._inlet.detokenize(msg)
+                for rid in stopped:
+                    log.info("rid %s matched a stop string; aborting it", rid)
+                    self._send_abort(rid, "stop string")
+                self._deliver(items)
             elif isinstance(msg, messages.StatsUpdate):
                 self.metrics.on_stats(msg)
             elif msg is not None:

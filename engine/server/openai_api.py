@@ -267,6 +267,7 @@ async def models(request: Request) -> Response:
         "record_steps": ctx.cfg.record_steps,
         "hardware": ctx.cfg.hardware,
         "scheduler": asdict(ctx.cfg.scheduler),
+        "layout": ctx.cfg.layout,
         "dp": ctx.cfg.dp_size,
         "gpu_share": ctx.cfg.gpu_share,
         "router": asdict(ctx.cfg.router),

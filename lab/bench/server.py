@@ -4,7 +4,8 @@ Any OpenAI-compatible server answers ``GET /v1/models``; this engine's card says
 ``owned_by: engine`` and adds ``max_model_len``, ``overlap_scheduling``,
 ``scheduler`` (the core's settings as it runs them), ``dp`` (its replicas),
 ``gpu_share`` (replicas sharing each GPU), ``router`` (the router core's settings
-over them) and ``record_steps`` (the file its step record goes to, or null), and
+over them), ``layout`` (where it tokenizes: ``split`` when the card says nothing) and
+``record_steps`` (the file its step record goes to, or null), and
 its ``/metrics`` gives ``engine_kv_pages_total``. ``engine router`` passes on a
 worker's card with ``dp`` (its workers), ``workers`` (their URLs: the pages are
 read from the first one's ``/metrics``), ``router`` and ``shared_frontend`` false
@@ -41,6 +42,7 @@ class ServerInfo:
     router: dict[str, Any] | None = None  # the router core's settings over them, where it says
     record_steps: str | None = None  # the file of its step record, where it keeps one
     hardware: str | None = None  # what it runs on, in a profile header's words, where it says
+    layout: str = "split"  # where it tokenizes and detokenizes (engine serve --layout)
 
     @property
     def ours(self) -> bool:
@@ -85,6 +87,7 @@ def server_info(url: str, api_key: str | None = None, timeout: float = 30.0) -> 
     shared = card.get("shared_frontend")
     record = card.get("record_steps")
     hardware = card.get("hardware")
+    layout = card.get("layout")
     return ServerInfo(
         url=url,
         model=str(card["id"]),
@@ -100,4 +103,5 @@ def server_info(url: str, api_key: str | None = None, timeout: float = 30.0) -> 
         router=router if isinstance(router, dict) else None,
         record_steps=record if isinstance(record, str) else None,
         hardware=hardware if isinstance(hardware, str) and hardware else None,
+        layout=layout if isinstance(layout, str) and layout else "split",
     )

@@ -7,6 +7,20 @@ from typing import Any
 
 from sim.costs.reach import reach_warning
 
+PROVENANCE_CHARS = 240
+"""The most of a cost model's provenance the terminal shows; summary.json keeps it whole."""
+
+
+def short_provenance(text: str) -> str:
+    """The fit's own figures, without the profile's header lines (hardware, command, grid...)
+    that follow them; summary.json keeps the whole text."""
+    head = text.split(": hardware:", 1)[0]
+    if len(head) > PROVENANCE_CHARS:
+        head = head[:PROVENANCE_CHARS].rsplit(" ", 1)[0] + " ..."
+    if head == text:
+        return text
+    return f"{head} (whole: summary.json, cost_model.provenance)"
+
 
 def format_summary(summary: dict[str, Any]) -> str:
     """The table ``sim replay`` prints (from its ``summary.json``)."""
@@ -15,7 +29,7 @@ def format_summary(summary: dict[str, Any]) -> str:
         f"trace        {summary['trace']['path']} ({summary['num_requests']} requests)",
         f"cost model   {cm['name']} (profile: {cm['profile'] or 'none'})",
         f"chosen       {cm.get('chosen', 'as requested')}",
-        f"provenance   {cm['provenance']}",
+        f"provenance   {short_provenance(cm['provenance'])}",
         *(f"warning      {w}" for w in [reach_warning(cm.get("reach"))] if w),
         f"cpu costs    {summary['cpu_costs']['source']}",
         *(f"overlap      {o}" for o in [summary.get("overlap")] if o),

@@ -158,7 +158,7 @@ def sharing_warning(info: ServerInfo, config: SimConfig) -> str | None:
 
 def sim_config(args: argparse.Namespace, info: ServerInfo, num_pages: int) -> SimConfig:
     """The flags named after a ``SimConfig`` field, the server's model, pages, overlap mode,
-    scheduler settings, replicas and router (those that neither a flag nor the config file
+    scheduler settings, replicas, layout and router (those that neither a flag nor the config file
     sets), the profile's ``table`` model and dtype."""
     flags = {name: getattr(args, name) for name in CONFIG_KEYS if hasattr(args, name)}
     if flags.get("overlap") is None:
@@ -166,6 +166,7 @@ def sim_config(args: argparse.Namespace, info: ServerInfo, num_pages: int) -> Si
     in_file = read_config_file(args.config).keys() if args.config else set()
     server = {k: v for k, v in (info.scheduler or {}).items() if k in SCHEDULER_KEYS}
     server["replicas"] = info.dp
+    server["layout"] = info.layout
     shared = info.shared_frontend  # engine router's card: each worker its own frontend
     server["shared_frontend"] = info.dp > 1 if shared is None else shared  # engine serve --dp
     if info.router is not None:

@@ -157,7 +157,12 @@ class Cluster:
         self.routing_done = False
         self.replica_of = array("q", [-1]) * len(records.trace)
         gpu, cpu = costs
-        shared = FrontQueue(cpu, num_tokenizers, frontend_loop) if shared_frontend else None
+        layout = loop.layout
+
+        def front() -> FrontQueue:
+            return FrontQueue(cpu, num_tokenizers, frontend_loop, layout)
+
+        shared = front() if shared_frontend else None
         self.replicas = [
             ClusterReplica(
                 self,
@@ -165,7 +170,7 @@ class Cluster:
                 s,
                 gpu,
                 cpu,
-                front=shared or FrontQueue(cpu, num_tokenizers, frontend_loop),
+                front=shared or front(),
                 reports_front=shared is None or k == 0,
                 loop=loop,
                 progress=progress,

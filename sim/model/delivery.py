@@ -20,6 +20,13 @@ What a request gathers over flushes sits in ``RequestTotals``, shared by the
 replicas of a cluster. Flushing every few steps or once at the end gives the
 same floats: the queues carry their state, a block is never split, and the
 per-request sums add in block order either way.
+
+That is the ``split`` layout. In the ``frontend`` layout a step's message goes
+one hop to the frontend's process, which detokenizes and streams it: one FIFO
+queue of ``detokenize + stream`` seconds a token. In the ``inline`` layout the
+scheduler's loop detokenized the step before its tokens left (its time is in
+the step's end, ``sim.model.scheduler_loop``): the text goes one hop to the
+frontend, which streams it.
 """
 
 from __future__ import annotations
@@ -66,8 +73,10 @@ class TokenDelivery:
         ipc: float,
         detokenize_per_token: float,
         stream_per_token: float = 0.0,
+        layout: str = "split",
     ) -> None:
         self.totals = totals
+        self.layout = layout
         self.ipc = ipc
         self.detokenize_per_token = detokenize_per_token
         self.stream_per_token = stream_per_token
@@ -116,17 +125,12 @@ class TokenDelivery:
         lengths = np.frombuffer(self._lengths, dtype=np.int64)
         batch = np.frombuffer(self._batch, dtype=np.int64)
         server = np.frombuffer(self._ends, dtype=np.float64).copy()
-        arrive = server + self.ipc
         per_step = np.repeat(batch, lengths)
-        depart = serve_fifo(arrive, per_step * self.detokenize_per_token, self.detokenizer)
-        detok = np.subtract(depart, arrive, out=arrive)
-        client = np.add(depart, self.ipc, out=depart)
-        if self.stream_per_token > 0:
-            client = serve_fifo(client, per_step * self.stream_per_token, self.frontend)
+        detok, client = self._to_client(server, per_step)
         del per_step
         first = np.cumsum(lengths) - lengths  # first step of each block
         block_detok = np.add.reduceat(detok, first) if len(detok) else np.zeros(0)
-        del detok, arrive
+        del detok
         # one chunk group per (block, member): request g_req has steps [g_first, g_last]
         g_req = np.frombuffer(self._members, dtype=np.int64).copy()
         np.add.at(t.output_tokens, g_req, np.repeat(lengths, batch))
@@ -142,6 +146,25 @@ class TokenDelivery:
         self.delivered_steps = self.num_steps
         self._clear()
         return chunk
+
+    def _to_client(self, server: np.ndarray, per_step: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Per step (``per_step`` tokens each, leaving the engine at ``server``): its time in
+        detokenization, and when its chunk reaches the client (module docstring)."""
+        ipc, detokenize, stream = self.ipc, self.detokenize_per_token, self.stream_per_token
+        if self.layout == "frontend":
+            arrive = server + ipc
+            client = serve_fifo(arrive, per_step * (detokenize + stream), self.detokenizer)
+            return client - arrive, client
+        if self.layout == "inline":
+            detok, client = per_step * detokenize, server + ipc
+        else:
+            arrive = server + ipc
+            depart = serve_fifo(arrive, per_step * detokenize, self.detokenizer)
+            detok = np.subtract(depart, arrive, out=arrive)
+            client = np.add(depart, ipc, out=depart)
+        if stream > 0:
+            client = serve_fifo(client, per_step * stream, self.frontend)
+        return detok, client
 
     def _gaps_between(
         self, client: np.ndarray, g_req: np.ndarray, g_first: np.ndarray, g_last: np.ndarray

@@ -11,6 +11,14 @@ times follow from the trace alone, request by request in arrival order:
   first worker to become free, ``tokenized = start + tokenize * input_length``;
 - it reaches the scheduler at ``tokenized + ipc``.
 
+That is the ``split`` layout. In the ``frontend`` layout the frontend's process
+tokenizes (on a thread beside its loop, which it holds meanwhile): ``tokenized
+= parsed + tokenize * input_length``, the next request's intake waits for it,
+and one hop takes the tokens to the scheduler (no tokenizer worker, no hop to
+one). In the ``inline`` layout the text goes one hop from the frontend to the
+scheduler, ``sched_arrival = parsed + ipc``, and the scheduler's loop tokenizes
+it between two steps (``sim.model.replica``): its tokenize times are NaN here.
+
 These are the times SimPy's ``Resource`` queues give, with the same float
 operations, so the pipeline runs one arrival process instead of a process per
 request. A request that has to wait for a server counts in that stage's queue
@@ -93,10 +101,13 @@ class FrontQueue:
     replica as the router places requests on it. It keeps the requests that waited. With
     ``loop``, its event loop also streams the steps given to ``stream`` (module docstring)."""
 
-    def __init__(self, cpu: CpuCosts, num_tokenizers: int, loop: bool = False) -> None:
+    def __init__(
+        self, cpu: CpuCosts, num_tokenizers: int, loop: bool = False, layout: str = "split"
+    ) -> None:
         self.frontend, self.ipc, self.tokenize = cpu.frontend, cpu.ipc, cpu.tokenize
         self.detokenize, self.stream_cost = cpu.detokenize, cpu.stream
         self.loop = loop
+        self.layout = layout
         self.loop_free = -np.inf
         self.workers = [-np.inf] * num_tokenizers  # when each worker is free again (a heap)
         self.f_waits: tuple[list[float], list[float]] = ([], [])
@@ -109,8 +120,13 @@ class FrontQueue:
         with ``loop``, the loop streams them (None without: nothing to cut)."""
         if not self.loop or not len(leave):
             return None
-        delay = 2 * self.ipc + self.detokenize * chunks
-        steps = Streamed(leave, delay, chunks * self.stream_cost)
+        cost = chunks * self.stream_cost
+        if self.layout == "split":  # a hop to the detokenizer, its work, a hop to the frontend
+            delay = 2 * self.ipc + self.detokenize * chunks
+        else:  # one hop; the frontend's process detokenizes them (``frontend``) or they are text
+            delay = self.ipc
+            cost += chunks * self.detokenize if self.layout == "frontend" else 0.0
+        steps = Streamed(leave, delay, cost)
         heapq.heappush(self._streams, (steps.at(0), self._order, steps, 0))
         self._order += 1
         return steps
@@ -144,6 +160,12 @@ class FrontQueue:
             self.f_waits[1].append(self.loop_free)
             begin = self.loop_free
         parsed = self.loop_free = begin + self.frontend
+        if self.layout == "frontend":  # the frontend's process tokenizes, then one hop
+            done = self.loop_free = parsed + self.tokenize * input_length
+            return parsed, parsed, parsed, done, done + self.ipc
+        if self.layout == "inline":  # the text goes one hop; the scheduler's loop tokenizes it
+            reached = parsed + self.ipc
+            return parsed, reached, np.nan, np.nan, reached
         entered = parsed + self.ipc
         free = heapq.heappop(self.workers)
         begin = entered
@@ -171,10 +193,12 @@ def queue_samples(waits: tuple[np.ndarray, np.ndarray]) -> tuple[np.ndarray, np.
     return times[order], np.cumsum(delta[order])
 
 
-def front_times(requests: list[TraceRequest], cpu: CpuCosts, num_tokenizers: int) -> FrontTimes:
+def front_times(
+    requests: list[TraceRequest], cpu: CpuCosts, num_tokenizers: int, layout: str = "split"
+) -> FrontTimes:
     """The stage times of ``requests`` (sorted by arrival); see the module docstring."""
     arrival, parsed, enter, start, tokenized, sched = (array("d") for _ in range(6))
-    queue = FrontQueue(cpu, num_tokenizers)
+    queue = FrontQueue(cpu, num_tokenizers, layout=layout)
     now = 0.0
     for r in requests:
         if r.arrival > now:

@@ -5,6 +5,11 @@ Stages of a request, each with its queue::
     arrival ─► frontend (queue) ─► IPC ─► tokenizer pool (queue) ─► IPC ─► scheduler (queue)
         ─► GPU steps ─► IPC ─► detokenizer (queue) ─► IPC ─► client
 
+That is the ``split`` layout (``SimConfig.layout``); ``frontend`` tokenizes and
+detokenizes in the frontend's process (``sim.model.frontend``,
+``sim.model.delivery``), ``inline`` in the scheduler's loop
+(``sim.model.scheduler_loop``): one hop each way instead of two.
+
 The scheduler process is ``sim.model.scheduler_loop.SimSchedulerLoop``: it adds the requests
 that reached the scheduler and makes the core's calls in the engine's order,
 strict or overlapped, fast-forwarding runs of identical decode steps. What the
@@ -83,7 +88,7 @@ class Pipeline(Replica):
         streams: Streams = Streams(),
     ) -> None:
         records = RequestRecords(requests, streams)
-        self.front = front_times(requests, cpu, num_tokenizers)
+        self.front = front_times(requests, cpu, num_tokenizers, loop.layout)
         if stages is not None:  # a run's own intake and ways out (sim.model.recorded_stages)
             reached = stages.intake(self.front.sched_arrival, cpu.ipc)
             self.front = replace(self.front, sched_arrival=reached)

@@ -134,7 +134,10 @@ class Replica:
         self.reqs: dict[int, Request] = {}  # requests the core holds, by index
         self.flush_steps = records.streams.flush_steps
         self.steps = StepLog(scheduler.config.pages, records.streams.step_table(), self.flush_steps)
-        self.delivery = TokenDelivery(records.totals, cpu.ipc, cpu.detokenize, cpu.stream)
+        self.delivery = TokenDelivery(
+            records.totals, cpu.ipc, cpu.detokenize, cpu.stream, layout=loop.layout
+        )
+        self.tokenizes = loop.layout == "inline"  # the scheduler's loop tokenizes its arrivals
         self.finished_run = False
         self.recorded_out: RecordedStages | None = None  # recorded ways out (the subclass's)
         self.queue_samples: list[tuple[float, str, int]] = []
@@ -165,11 +168,19 @@ class Replica:
         self._wake = self.env.event()
         return self._wake
 
-    def admit_inbox(self) -> None:
-        """Add the requests that reached the scheduler; reject those it can never serve."""
+    def admit_inbox(self) -> float:
+        """Add the requests that reached the scheduler; reject those it can never serve.
+        Returns how long the loop takes them in: in the ``inline`` layout it tokenizes each,
+        one after another from now (``tokenize_start``, ``tokenized`` and ``sched_arrival``:
+        when it joins the core's queue); 0 in the others."""
         s, times = self.sched, self.times
+        now = at = self.env.now
         for i in self._inbox:
             tr = self.trace[i]
+            if self.tokenizes:
+                times["tokenize_start"][i] = at
+                at = at + self.cpu.tokenize * tr.input_length
+                times["tokenized"][i] = times["sched_arrival"][i] = at
             req = Request(
                 rid=tr.rid,
                 prompt_len=tr.input_length,
@@ -185,12 +196,13 @@ class Replica:
             except RequestRejected as exc:
                 self.status[i] = "rejected"
                 self.reason[i] = str(exc)
-                times["finished"][i] = self.env.now
+                times["finished"][i] = at
                 self.records.done[i] = True
                 self.ended(i, True)
                 continue
             self.reqs[i] = req
         self._inbox = []
+        return at - now
 
     def note_scheduled(self, plan: Plan) -> None:
         """First admission of a request: when (the core's stamp) and its prefix-cache hit."""

@@ -28,6 +28,14 @@ flight: the step's compute starts once its copies end and the GPU is free. The
 host does not wait for them: it completes the step in flight as soon as that
 ends. Decode runs carry no copies (the core keeps them out of runs).
 
+Layouts (``LoopSettings.layout``): in ``inline`` the loop also does the text
+work, where the engine's does. As it takes in the requests that reached it, it
+tokenizes each (``tokenize`` per prompt token, one after another) before it
+schedules: a long prompt delays the next launch for every running request, and
+with overlap the GPU idles once the step in flight ends. After completing a
+step it detokenizes that step's tokens (``detokenize`` per token) before it goes
+on; they leave then. In ``split`` and ``frontend`` other processes do both.
+
 Fast-forward: when the core says the next k steps are identical pure-decode
 steps (with overlap: and a pure decode is in flight), the loop prices all k
 with numpy and waits for the run's end or for a request reaching the
@@ -49,7 +57,7 @@ from typing import Any, Protocol
 import numpy as np
 import simpy
 
-from core.scheduler import DecodeRun, Plan, SchedulerStats
+from core.scheduler import DecodeRun, Plan, SchedulerStats, TokenOut
 from core.scheduler.shape import StepShape
 from sim.costs.base import CpuCosts, GpuCostModel
 from sim.costs.colocation import kind_of
@@ -74,7 +82,7 @@ class Launched:
 class LoopHost(Protocol):
     """What the loop needs of the pipeline around it: arrivals in, step records and tokens out."""
 
-    def admit_inbox(self) -> None: ...
+    def admit_inbox(self) -> float: ...
     def nothing_to_come(self) -> bool: ...
     def wait_for_arrival(self) -> simpy.Event: ...
     def next_arrival(self) -> float | None: ...
@@ -100,6 +108,7 @@ class LoopSettings:
     max_run_steps: int = 4096
     copies: CopyCosts | None = None  # prices of the host tier's copies; None: no tier
     record_steps: bool = False  # keep the step record (``sim.model.step_record``)
+    layout: str = "split"  # the engine's process layout (``schema.layouts.LAYOUTS``)
 
     def copy_time(self, plan: Plan, page_size: int) -> float:
         """The time of ``plan``'s copies: its writes, then its loads."""
@@ -127,6 +136,7 @@ class SimSchedulerLoop:
         self.cpu = cpu
         self.p = host
         self.settings = settings
+        self.detokenize = cpu.detokenize if settings.layout == "inline" else 0.0  # per token
         self.num_runs = 0
         self.steps_in_runs = 0
         self.interruptible = False
@@ -140,7 +150,9 @@ class SimSchedulerLoop:
         p, env, s = self.p, self.env, self.sched
         prev: Launched | None = None  # the plan in flight (overlap only)
         while True:
-            p.admit_inbox()
+            taking_in = p.admit_inbox()
+            if taking_in > 0:  # inline: the loop tokenizes what it took in
+                yield env.timeout(taking_in)
             if not s.has_work():
                 if self.seat is not None:
                     self.seat.rest(env.now)
@@ -204,7 +216,10 @@ class SimSchedulerLoop:
         stats = s.stats()
         yield env.timeout(duration)
         events = s.complete(plan, None)
-        p.record_step(plan, shape, start, duration, stats)
+        detok = self._detokenize_time(events)
+        if detok:
+            yield env.timeout(detok)
+        p.record_step(plan, shape, start, duration + detok, stats)
         self.reach.widen(shape)
         p.handle_events(plan, events, env.now)
 
@@ -240,7 +255,11 @@ class SimSchedulerLoop:
         if free > env.now:
             yield env.timeout(free - env.now)
         if prev is not None:
-            p.handle_events(prev.plan, s.complete(prev.plan, None), env.now)
+            events = s.complete(prev.plan, None)
+            detok = self._detokenize_time(events)
+            if detok:
+                yield env.timeout(detok)
+            p.handle_events(prev.plan, events, env.now)
         if launched is None:
             if start > env.now:  # a plan of copies only: done when they are
                 yield env.timeout(start - env.now)
@@ -248,6 +267,13 @@ class SimSchedulerLoop:
             if prev is None:
                 yield from self._stalled()
         return launched
+
+    def _detokenize_time(self, events: list[Any]) -> float:
+        """Inline: how long the loop takes to turn a completed step's tokens into text, before
+        they leave (0 in the other layouts)."""
+        if not self.detokenize:
+            return 0.0
+        return sum(type(e) is TokenOut for e in events) * self.detokenize
 
     # ------------------------------------------------------------------ decode runs
     def _decode_run(self, k: int, prev: Launched | None) -> Stepping:
@@ -261,6 +287,7 @@ class SimSchedulerLoop:
         longest = max(planned)
         wall = self.gpu.decode_times(batch, context + batch, longest + 1, k)
         schedule = self.cpu.schedule_time(batch)
+        detok = batch * self.detokenize  # the loop's text work on a step's tokens (inline)
         device: np.ndarray | None  # the steps' device times, where the loop priced them
         before_launch: float | np.ndarray  # each iteration's CPU time before its launch
         seat = self.seat
@@ -275,7 +302,7 @@ class SimSchedulerLoop:
                 wall = wall + alone * (stretch - 1.0)
                 paid, debt = seat.pay(alone[0] * stretch)
                 wall[0] += paid - alone[0] * stretch
-            gpu, durations, before_launch = wall, wall + schedule, schedule
+            gpu, durations, before_launch = wall, wall + (schedule + detok), schedule
             clock = np.empty(k + 1)  # now, then end j = start j + duration j
             clock[0] = now
             clock[1:] = durations
@@ -289,10 +316,11 @@ class SimSchedulerLoop:
             if seat is not None:
                 gpu = durations = gpu * stretch
                 gpu[0], debt = seat.pay(gpu[0])
-            gaps = np.maximum(gpu[:-1], cpu[1:])
+            gaps = np.maximum(gpu[:-1], cpu[1:] + detok)  # iteration j > 0 first detokenizes
             starts = np.concatenate(([max(now + cpu[0], prev.end)], gaps)).cumsum()
-            begins = np.concatenate(([now], starts[:-1]))  # iteration j begins as j-1 ends
-            ends = token_times = starts  # iteration j completes the plan before step j
+            # iteration j completes the plan before step j once it starts, then detokenizes it
+            ends = token_times = starts + detok if detok else starts
+            begins = np.concatenate(([now], ends[:-1]))  # iteration j begins as j-1 ends
             device = gpu
         # a request reaching the scheduler before the run's end cuts it after the step
         # running then (the clock's end of the whole run: now + (ends[-1] - now))
