@@ -1,7 +1,7 @@
 """Helpers of the load benchmarks (abort storm, overload): a server process, its metrics,
 the memory of its process tree, and one streamed completion; and the flags of a benchmark.
 
-Imported by the benchmarks beside it (``abort_storm.py``, ``overload.py``,
+Imported by the benchmarks beside it (``abort_storm.py``, ``overload.py``, ``layout_ab.py``,
 ``cpu_serving.py``, ``reservation_engine.py``, ``router_overhead.py``,
 ``scheduler_step.py``) and by the small versions of the first two in ``tests/``.
 """
@@ -38,14 +38,19 @@ class Stream:
     error: str | None = None
     retry_after: str | None = None
     chunk_times: list[float] = field(default_factory=list)
+    meta_info: dict[str, Any] | None = None  # the stage timestamps, when the body asked for them
 
 
 async def stream_completion(
-    client: httpx.AsyncClient, body: dict[str, object], stop_after: int | None = None
+    client: httpx.AsyncClient,
+    body: dict[str, object],
+    stop_after: int | None = None,
+    out: Stream | None = None,
 ) -> Stream:
     """POST a streamed ``/v1/completions``; with ``stop_after`` k, close the connection after
-    k chunks (a client that goes away mid-stream)."""
-    out = Stream()
+    k chunks (a client that goes away mid-stream). ``out``: the ``Stream`` to fill, which the
+    caller may watch grow."""
+    out = Stream() if out is None else out
     async with client.stream("POST", "/v1/completions", json={**body, "stream": True}) as resp:
         out.status = resp.status_code
         if resp.status_code != 200:
@@ -66,6 +71,7 @@ async def stream_completion(
             out.chunk_times.append(time.monotonic())
             out.text += chunk["choices"][0]["text"]
             out.finish = chunk["choices"][0]["finish_reason"] or out.finish
+            out.meta_info = chunk.get("meta_info", out.meta_info)
             if stop_after is not None and len(out.chunk_times) >= stop_after:
                 break
     return out
