@@ -27,6 +27,7 @@ import asyncio
 import dataclasses
 import importlib
 import inspect
+import shlex
 import subprocess
 import sys
 import time
@@ -65,7 +66,19 @@ experiment (A's prefill and decodes, B's chunks of 512 tokens over B's prefix, o
 
 def parse_args() -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
-    p.add_argument("--model", default=MODEL, help="a converted model (engine setup)")
+    p.add_argument(
+        "--model",
+        default=MODEL,
+        help="a converted model, or a preset with --serve-args "
+        "--dummy-weights (the simulator's model preset too)",
+    )
+    p.add_argument("--tokenizer", help="B's tokenizer (default: the model's folder)")
+    p.add_argument(
+        "--serve-args",
+        default="",
+        help="more engine serve flags, one string (on a GPU: '--device cuda --dummy-weights "
+        "--tokenizer .gpu/tokenizer')",
+    )
     p.add_argument("--layouts", default=",".join(LAYOUTS), help="comma-separated")
     p.add_argument("--budgets", default="512,4096", help="--max-prefill-tokens values")
     p.add_argument("--b-tokens", type=int, default=4000, help="B's prompt, in tokens")
@@ -74,7 +87,12 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--a-tokens-after", type=int, default=8, help="A's tokens past B's prefill")
     p.add_argument("--threads", type=int, default=1, help="engine serve --cpu-threads")
     p.add_argument("--num-pages", type=int, default=1024, help="KV pages, server and simulator")
-    p.add_argument("--profile", type=Path, help="CPU profile (default: measure one first)")
+    p.add_argument(
+        "--profile",
+        type=Path,
+        help="the server's profile (default: measure one first); a CUDA profile makes the "
+        "simulation overlap its steps, as the engine does on CUDA",
+    )
     p.add_argument(
         "--out-dir", type=Path, default=Path("out/layout_ab"), help="step records, profile"
     )
@@ -186,8 +204,7 @@ def sim_config(args: argparse.Namespace, profile: Path, layout: str, budget: int
         num_pages=args.num_pages,
         layout=layout,
         max_prefill_tokens=budget,
-        overlap=False,  # the engine's loop on CPU
-    )
+    )  # the loop follows the profile's device: strict on CPU, overlapped on CUDA
 
 
 def simulate(config: Any, run: dict[str, Any], tokenize: float | None) -> dict[str, Any]:
@@ -226,6 +243,7 @@ def measure(args: argparse.Namespace, layout: str, budget: int, text: str) -> di
     serve_args = (
         "--layout", layout, "--max-prefill-tokens", str(budget),
         "--num-pages", str(args.num_pages), "--record-steps", str(record),
+        *shlex.split(args.serve_args),
     )  # fmt: skip
     with served(*serve_args, threads=args.threads, model=args.model) as (_, url):
         run = asyncio.run(a_and_b(url, args, text, a_max))
@@ -282,7 +300,7 @@ def print_table(cases: list[dict[str, Any]]) -> None:
 def main() -> None:
     args = parse_args()
     args.out_dir.mkdir(parents=True, exist_ok=True)
-    tokenizer = load_tokenizer(str(resolve_model(args.model)))
+    tokenizer = load_tokenizer(args.tokenizer or str(resolve_model(args.model)))
     text, modules = b_text(tokenizer, args.b_tokens)
     seconds, tokens = time_tokenizer(tokenizer, text, repeats=7)  # encode: the servers' call
     speed = seconds / tokens
