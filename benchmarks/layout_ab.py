@@ -73,12 +73,8 @@ def parse_args() -> argparse.Namespace:
         "--dummy-weights (the simulator's model preset too)",
     )
     p.add_argument("--tokenizer", help="B's tokenizer (default: the model's folder)")
-    p.add_argument(
-        "--serve-args",
-        default="",
-        help="more engine serve flags, one string (on a GPU: '--device cuda --dummy-weights "
-        "--tokenizer .gpu/tokenizer')",
-    )
+    gpu = "'--device cuda --dummy-weights --tokenizer .gpu/tokenizer'"
+    p.add_argument("--serve-args", default="", help=f"more engine serve flags; on a GPU: {gpu}")
     p.add_argument("--layouts", default=",".join(LAYOUTS), help="comma-separated")
     p.add_argument("--budgets", default="512,4096", help="--max-prefill-tokens values")
     p.add_argument("--b-tokens", type=int, default=4000, help="B's prompt, in tokens")
