@@ -203,6 +203,16 @@ def sim_config(args: argparse.Namespace, profile: Path, layout: str, budget: int
     )  # the loop follows the profile's device: strict on CPU, overlapped on CUDA
 
 
+def delivered(steps: pd.DataFrame, overlap: bool) -> np.ndarray:
+    """When each simulated step's tokens leave the loop: as its ``complete`` returns, at the
+    step's end; with overlap not before the next step's launch, which the loop makes first
+    (the engine's step record stamps ``done`` then; the simulator's, at the device's end)."""
+    done = steps["done"].to_numpy()
+    if not overlap:
+        return done
+    return np.append(np.maximum(done[:-1], steps["launched"].to_numpy()[1:]), done[-1])
+
+
 def simulate(config: Any, run: dict[str, Any], tokenize: float | None) -> dict[str, Any]:
     """The two requests of ``run`` (its prompt and output lengths, B's arrival offset) through
     the simulator, tokenizing at ``tokenize`` s a token (None: the profile's)."""
@@ -225,7 +235,7 @@ def simulate(config: Any, run: dict[str, Any], tokenize: float | None) -> dict[s
     steps = result.engine_steps
     assert steps is not None
     arrival, first = req.loc["B", "arrival"], req.loc["B", "server_first_token"]
-    out = pause(steps["done"].to_numpy(), steps, arrival, first)  # A is in every step
+    out = pause(delivered(steps, config.overlap), steps, arrival, first)  # A is in every step
     out["b_ttft_ms"] = float(req.loc["B", "ttft_ms"])
     out["b_tokenized_ms"] = float((req.loc["B", "tokenized"] - arrival) * 1e3)
     out["tokenize_us_per_token"] = cpu.tokenize * 1e6
