@@ -5,6 +5,12 @@ stop string matches, the request finishes here with reason ``stop`` and the
 scheduler is told to abort it (freeing its pages); tokens of that request
 still in flight are dropped. Items with log-prob entries get the bytes of the
 tokens they name, and the decoded prompt when they carry prompt entries.
+
+Invariant: a request's state lives from its first item to its final one
+(``finish_reason`` set). The scheduler sends a final item for every request it
+drops, an aborted one included (reason ``abort``). Only a request whose
+scheduler died gets none: a detokenizer process goes with its replica, and the
+frontend's (``--layout frontend``, shared by the replicas) is told to ``forget`` it.
 """
 
 from __future__ import annotations
@@ -39,6 +45,12 @@ class Detokenizer:
         self.pieces = TokenPieces(tokenizer)
         self.states: dict[str, DetokState] = {}
         self.stopped: OrderedDict[str, None] = OrderedDict()
+
+    def forget(self, rids: list[str]) -> None:
+        """Drop the state of ``rids``: they ended without a final item (their scheduler died)."""
+        for rid in rids:
+            self.states.pop(rid, None)
+            self.stopped.pop(rid, None)
 
     def process(self, batch: messages.TokenBatch) -> tuple[list[messages.TextItem], list[str]]:
         out: list[messages.TextItem] = []

@@ -273,6 +273,8 @@ class Frontend:
             stream = self.streams.get(rid)
             if stream is not None:
                 self._fail(stream, f"replica {replica} is down: {reason}")
+        if isinstance(self._inlet, FrontendText):
+            self._inlet.forget(rids)  # the dead scheduler sends no final items
         log.error(
             "replica %d is down (%s); failed its %d open requests", replica, reason, len(rids)
         )

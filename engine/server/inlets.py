@@ -140,6 +140,10 @@ class FrontendText(SchedulerInlet):
             self.detokenize_thread, self.detokenizer.process, batch
         )
 
+    def forget(self, rids: list[str]) -> None:
+        """``rids`` ended without a final item (their replica died): drop their text state."""
+        self.detokenize_thread.submit(self.detokenizer.forget, rids)
+
     def close(self) -> None:
         self.tokenize_thread.shutdown(wait=True, cancel_futures=True)
         self.detokenize_thread.shutdown(wait=True, cancel_futures=True)
