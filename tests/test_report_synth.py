@@ -36,6 +36,7 @@ class Scenario:
     running_cap_at_cap: bool = True
     """Steps blocked by the running cap run ``MAX_RUNNING`` requests, as the scheduler's do."""
     tokenizer_queue_ms: float = 0.5
+    tokenize_ms_per_token: float = 0.002
     scheduler_wait_ms: float = 2.0
     rejected: int = 0
     seed: int = 0
@@ -57,7 +58,7 @@ def _requests(s: Scenario, rng: np.random.Generator) -> pd.DataFrame:
     out = rng.integers(2, 512, n)
     cached = (inp * rng.uniform(0, 0.6, n)).astype(int)
     tq = rng.exponential(s.tokenizer_queue_ms, n)
-    tok = inp * 0.002
+    tok = inp * s.tokenize_ms_per_token
     ipc = rng.uniform(0.1, 0.4, n)
     sw = rng.exponential(s.scheduler_wait_ms, n)
     prefill = 5 + (inp - cached) * 0.02

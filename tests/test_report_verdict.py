@@ -17,6 +17,7 @@ from lab.report.verdict import (
     LIMIT_LABELS,
     LIMIT_STEP_FRACTION,
     QUEUE_TAIL_MS,
+    TOKENIZER_BUSY_FRACTION,
     TOKENIZER_TTFT_SHARE,
     WAITING_STEP_FRACTION,
 )
@@ -32,7 +33,9 @@ CASES = {
     "kv_memory": loaded(blocked={"kv_memory": 0.3}, kv_utilization=0.97, preempt_fraction=0.02),
     "running_cap": loaded(blocked={"running_cap": 0.2}, running_at_cap_fraction=0.5),
     "prefill_budget": loaded(blocked={"prefill_budget": 0.35}),
-    "tokenizer": Scenario(busy=0.6, tokenizer_queue_ms=250.0, scheduler_wait_ms=3.0),
+    "tokenizer": Scenario(
+        busy=0.6, tokenizer_queue_ms=400.0, tokenize_ms_per_token=0.15, scheduler_wait_ms=3.0
+    ),
     "gpu_compute": loaded(blocked={"prefill_budget": 0.03}),
     "none": Scenario(),
 }
@@ -92,6 +95,18 @@ def test_tokenizer_binds_only_when_its_queue_outweighs_the_scheduler_wait() -> N
     verdict = verdict_of(s)
     assert verdict["evidence"]["tokenizer_queue_share_of_ttft"] >= TOKENIZER_TTFT_SHARE
     assert verdict["binding_limit"] == "gpu_compute"
+
+
+def test_a_tokenizer_queue_with_idle_workers_is_held_back_by_the_engine() -> None:
+    busy = verdict_of(CASES["tokenizer"])
+    assert busy["evidence"]["tokenizer_busy_fraction"] >= TOKENIZER_BUSY_FRACTION
+    assert "more workers raise throughput" in busy["text"]
+    # the same queue, but the workers tokenize each prompt 75 times faster: they idle
+    held = verdict_of(replace(CASES["tokenizer"], tokenize_ms_per_token=0.002))
+    assert held["evidence"]["tokenizer_busy_fraction"] < TOKENIZER_BUSY_FRACTION
+    assert held["evidence"]["tokenizer_queue_share_of_ttft"] >= TOKENIZER_TTFT_SHARE
+    assert held["binding_limit"] == "gpu_compute"
+    assert "more tokenizer workers would not help" in held["text"]
 
 
 def test_dominant_stages_follow_the_stage_times() -> None:

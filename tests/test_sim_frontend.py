@@ -18,9 +18,11 @@ from sim.model.frontend import front_times
 def _simpy_front(
     requests: list[TraceRequest], cpu: CpuCosts, workers: int
 ) -> tuple[dict[str, list[float]], dict[str, list[tuple[float, int]]]]:
-    """The stages as SimPy processes: a frontend loop and a tokenizer pool, both FIFO."""
+    """The stages as SimPy processes: a frontend loop, FIFO, and FIFO tokenizer workers dealt
+    requests round-robin (as the frontend deals them)."""
     env = simpy.Environment()
-    loop, pool = simpy.Resource(env, 1), simpy.Resource(env, workers)
+    loop = simpy.Resource(env, 1)
+    pool = [simpy.Resource(env, 1) for _ in range(workers)]
     times: dict[str, list[float]] = {k: [np.nan] * len(requests) for k in ("arrival", "parsed",
                                      "tokenize_start", "tokenized", "sched_arrival")}  # fmt: skip
     queues: dict[str, list[tuple[float, int]]] = {"frontend": [], "tokenizer": []}
@@ -44,11 +46,12 @@ def _simpy_front(
         loop.release(grant)
         times["parsed"][i] = env.now
         yield env.timeout(cpu.ipc)
-        slot = pool.request()
+        worker = pool[i % workers]
+        slot = worker.request()
         yield from queue(slot, "tokenizer")
         times["tokenize_start"][i] = env.now
         yield env.timeout(cpu.tokenize * r.input_length)
-        pool.release(slot)
+        worker.release(slot)
         times["tokenized"][i] = env.now
         yield env.timeout(cpu.ipc)
         times["sched_arrival"][i] = env.now

@@ -4,7 +4,12 @@ Rules, applied in this order (thresholds are the module constants):
 
 1. **tokenizer** - requests queue for a tokenizer worker: the tokenizer queue
    takes at least ``TOKENIZER_TTFT_SHARE`` of mean TTFT, at least
-   ``MIN_QUEUE_WAIT_MS`` on average, and no less than the scheduler wait does.
+   ``MIN_QUEUE_WAIT_MS`` on average, and no less than the scheduler wait does,
+   and the workers are busy at least ``TOKENIZER_BUSY_FRACTION`` of the run
+   (their tokenize time over workers times the run; unknown counts as busy).
+   Requests that queue so while the workers are idle more of the run are
+   held back downstream: the verdict is **gpu_compute** (rule 3 without its
+   waiting condition), and it says that more workers would not help.
 2. **kv_memory**, **running_cap**, **prefill_budget** - the scheduler holds
    waiting requests back. Each gets a score, a fraction of steps:
 
@@ -46,6 +51,9 @@ from schema.jsonsafe import json_safe
 
 TOKENIZER_TTFT_SHARE = 0.30
 """Tokenizer queue wait, as a share of mean TTFT, from which the tokenizer workers bind."""
+TOKENIZER_BUSY_FRACTION = 0.95
+"""Share of the run the tokenizer workers are busy from which they bind (below it, what
+queues for them is held back by a slower stage after them)."""
 MIN_QUEUE_WAIT_MS = 5.0
 """A mean tokenizer queue wait below this is noise, whatever its share of TTFT."""
 LIMIT_STEP_FRACTION = 0.10
@@ -132,6 +140,17 @@ def queue_delays_ms(done: pd.DataFrame) -> np.ndarray:
     return np.asarray(ttft - tokens * pace, dtype=float)
 
 
+def _tokenizers_busy(
+    summary: dict[str, Any], done: pd.DataFrame, means: dict[str, float], duration: float
+) -> float:
+    """The tokenizer workers' busy share of the run: the completed requests' tokenize time
+    over the workers times the run (NaN where unknown)."""
+    workers = as_float(get_path(summary, "config", "num_tokenizers"))
+    if not workers or not duration or not np.isfinite(duration):
+        return float("nan")
+    return means["tokenize"] * len(done) / 1e3 / (workers * duration)
+
+
 def _evidence(
     summary: dict[str, Any], requests: pd.DataFrame, steps: pd.DataFrame, queues: pd.DataFrame
 ) -> dict[str, Any]:
@@ -182,6 +201,7 @@ def _evidence(
         "mean_ttft_ms": mean_ttft,
         "ttft_p99_ms": _quantile(ttft, 0.99),
         "queue_delay_p99_ms": delay_p99,
+        "tokenizer_busy_fraction": _tokenizers_busy(summary, done, ttft_means, duration),
         "tokenizer_queue_ms": ttft_means["tokenizer_queue"],
         "scheduler_wait_ms": ttft_means["scheduler_wait"],
         "tokenizer_queue_share_of_ttft": ttft_means["tokenizer_queue"] / mean_ttft
@@ -205,16 +225,26 @@ def _limit_scores(ev: dict[str, Any]) -> dict[str, float]:
     }
 
 
-def _choose_limit(ev: dict[str, Any], scores: dict[str, float]) -> str:
+def _tokenizer_queued(ev: dict[str, Any]) -> bool:
+    """Requests queue for a tokenizer more than for the scheduler (rule 1's figures)."""
     tok = ev["tokenizer_queue_share_of_ttft"]
     sched = ev["scheduler_wait_share_of_ttft"]
-    if (
+    return bool(
         np.isfinite(tok)
         and tok >= TOKENIZER_TTFT_SHARE
         and ev["tokenizer_queue_ms"] >= MIN_QUEUE_WAIT_MS
         and not (np.isfinite(sched) and sched > tok)
-    ):
-        return "tokenizer"
+    )
+
+
+def _tokenizers_bind(ev: dict[str, Any]) -> bool:
+    busy = ev["tokenizer_busy_fraction"]
+    return not np.isfinite(busy) or busy >= TOKENIZER_BUSY_FRACTION
+
+
+def _choose_limit(ev: dict[str, Any], scores: dict[str, float]) -> str:
+    if _tokenizer_queued(ev):
+        return "tokenizer" if _tokenizers_bind(ev) else "gpu_compute"
     best = max(ADMISSION_LIMITS, key=lambda k: scores[k])
     if scores[best] >= LIMIT_STEP_FRACTION:
         return best
@@ -262,10 +292,18 @@ def _limit_clause(limit: str, ev: dict[str, Any]) -> str:
         f"{_pct(ev['waiting_step_fraction'])} of steps."
     )
     name = LIMIT_LABELS.get(limit, limit)
+    tokenizer_wait = (
+        f"requests wait {ev['tokenizer_queue_ms']:.0f} ms for a tokenizer on average, "
+        f"{_pct(ev['tokenizer_queue_share_of_ttft'])} of TTFT"
+    )
     if limit == "tokenizer":
+        why = f"{tokenizer_wait}{_tokenizers_share(ev)}: more workers raise throughput until "
+        why += "the engine binds (`sim sweep` over num_tokenizers finds where)."
+    elif limit == "gpu_compute" and _tokenizer_queued(ev):
         why = (
-            f"requests wait {ev['tokenizer_queue_ms']:.0f} ms for a tokenizer on average, "
-            f"{_pct(ev['tokenizer_queue_share_of_ttft'])} of TTFT."
+            f"{tokenizer_wait}, yet the workers are busy only "
+            f"{_pct(ev['tokenizer_busy_fraction'])} of the run: the engine holds the "
+            "throughput back and more tokenizer workers would not help."
         )
     elif limit == "kv_memory":
         pages = ev["kv_pages_total"]
@@ -308,6 +346,11 @@ def _limit_clause(limit: str, ev: dict[str, Any]) -> str:
     else:
         return f"No limit binds (underloaded): {busy_and_waiting}"
     return f"Binding limit: {name} - {why}"
+
+
+def _tokenizers_share(ev: dict[str, Any]) -> str:
+    busy = ev["tokenizer_busy_fraction"]
+    return f"; the workers are busy {_pct(busy)} of the run" if np.isfinite(busy) else ""
 
 
 def _busy(ev: dict[str, Any]) -> bool:

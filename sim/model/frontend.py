@@ -7,8 +7,9 @@ times follow from the trace alone, request by request in arrival order:
   seconds a request: ``start = max(arrival, previous parsed)``, ``parsed =
   start + frontend``;
 - the tokenizer pool is ``num_tokenizers`` FIFO servers taking ``tokenize``
-  seconds a prompt token: a request entering at ``parsed + ipc`` starts on the
-  first worker to become free, ``tokenized = start + tokenize * input_length``;
+  seconds a prompt token, dealt requests round-robin as the frontend deals them
+  (``engine.server.inlets.Inlet``): a request entering at ``parsed + ipc`` starts
+  when its worker is free, ``tokenized = start + tokenize * input_length``;
 - it reaches the scheduler at ``tokenized + ipc``.
 
 That is the ``split`` layout. In the ``frontend`` layout the frontend's process
@@ -109,7 +110,8 @@ class FrontQueue:
         self.loop = loop
         self.layout = layout
         self.loop_free = -np.inf
-        self.workers = [-np.inf] * num_tokenizers  # when each worker is free again (a heap)
+        self.workers = [-np.inf] * num_tokenizers  # when each worker is free again
+        self._next_worker = 0  # the worker the next request is dealt to (round-robin)
         self.f_waits: tuple[list[float], list[float]] = ([], [])
         self.t_waits: tuple[list[float], list[float]] = ([], [])
         self._streams: list[tuple[float, int, Streamed, int]] = []  # (at, order, steps, step)
@@ -167,14 +169,15 @@ class FrontQueue:
             reached = parsed + self.ipc
             return parsed, reached, np.nan, np.nan, reached
         entered = parsed + self.ipc
-        free = heapq.heappop(self.workers)
+        worker = self._next_worker
+        self._next_worker = (worker + 1) % len(self.workers)
+        free = self.workers[worker]
         begin = entered
         if free > entered:
             self.t_waits[0].append(entered)
             self.t_waits[1].append(free)
             begin = free
-        done = begin + self.tokenize * input_length
-        heapq.heappush(self.workers, done)
+        done = self.workers[worker] = begin + self.tokenize * input_length
         return parsed, entered, begin, done, done + self.ipc
 
     def waits(self, stage: str) -> tuple[np.ndarray, np.ndarray]:
