@@ -37,7 +37,6 @@ from typing import Any
 import httpx
 import numpy as np
 import pandas as pd
-from gpu.tokenize_beside_copies import time_tokenizer
 from serving_load import MODEL, Stream, served, stream_completion, write_runs
 
 from engine.models.setup import resolve_model
@@ -81,6 +80,7 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--b-max-tokens", type=int, default=1, help="B's output tokens")
     p.add_argument("--a-tokens-before", type=int, default=8, help="A's chunks before B is sent")
     p.add_argument("--a-tokens-after", type=int, default=8, help="A's tokens past B's prefill")
+    p.add_argument("--repeats", type=int, default=1, help="runs of each case (the spread)")
     p.add_argument("--threads", type=int, default=1, help="engine serve --cpu-threads")
     p.add_argument("--num-pages", type=int, default=1024, help="KV pages, server and simulator")
     p.add_argument(
@@ -108,6 +108,19 @@ def b_text(tokenizer: Any, tokens: int) -> tuple[str, list[str]]:
         if len(enc["input_ids"]) >= tokens:
             return text[: enc["offset_mapping"][tokens - 1][1]], list(B_MODULES[:n])
     raise SystemExit(f"the modules hold fewer than {tokens} tokens")
+
+
+def cold_speed(path: str, text: str, repeats: int = 5) -> float:
+    """Seconds a token of one ``encode`` of ``text`` by a tokenizer that has not seen it (a
+    fresh one each time: a server meets B's words for the first time, and the tokenizer's
+    word cache makes a second encode of the same text faster), the median of ``repeats``."""
+    times = []
+    for _ in range(repeats):
+        tokenizer = load_tokenizer(path)
+        began = time.perf_counter()
+        tokens = len(tokenizer.encode(text))
+        times.append((time.perf_counter() - began) / tokens)
+    return float(np.median(times))
 
 
 def measure_profile(args: argparse.Namespace) -> Path:
@@ -242,10 +255,12 @@ def simulate(config: Any, run: dict[str, Any], tokenize: float | None) -> dict[s
     return out
 
 
-def measure(args: argparse.Namespace, layout: str, budget: int, text: str) -> dict[str, Any]:
+def measure(
+    args: argparse.Namespace, layout: str, budget: int, text: str, repeat: int
+) -> dict[str, Any]:
     """One real run: the server in ``layout`` with ``budget``, A and B, its step record."""
     a_max = args.a_tokens_before + -(-args.b_tokens // budget) + args.a_tokens_after
-    record = args.out_dir / f"steps_{layout}_{budget}.csv"
+    record = args.out_dir / f"steps_{layout}_{budget}_{repeat}.csv"
     serve_args = (
         "--layout", layout, "--max-prefill-tokens", str(budget),
         "--num-pages", str(args.num_pages), "--record-steps", str(record),
@@ -259,8 +274,8 @@ def measure(args: argparse.Namespace, layout: str, budget: int, text: str) -> di
 
 
 def one_case(args: argparse.Namespace, profile: Path, layout: str, budget: int, text: str,
-             speed: float) -> dict[str, Any]:  # fmt: skip
-    run = measure(args, layout, budget, text)
+             speed: float, repeat: int) -> dict[str, Any]:  # fmt: skip
+    run = measure(args, layout, budget, text, repeat)
     steps = run.pop("steps")
     b_sent, b_first = run["b_sent"], run["b_first_chunk"]
     real = pause(np.array(run["a_chunks"]), steps, b_sent, b_first)
@@ -277,6 +292,7 @@ def one_case(args: argparse.Namespace, profile: Path, layout: str, budget: int, 
     return {
         "layout": layout,
         "max_prefill_tokens": budget,
+        "repeat": repeat,
         "b_prompt_tokens": run["b_meta"]["prompt_tokens"],
         "a_tokens": run["a_meta"]["completion_tokens"],
         "b_arrival_offset_s": b_sent - run["a_sent"],
@@ -306,23 +322,23 @@ def print_table(cases: list[dict[str, Any]]) -> None:
 def main() -> None:
     args = parse_args()
     args.out_dir.mkdir(parents=True, exist_ok=True)
-    tokenizer = load_tokenizer(args.tokenizer or str(resolve_model(args.model)))
-    text, modules = b_text(tokenizer, args.b_tokens)
-    seconds, tokens = time_tokenizer(tokenizer, text, repeats=7)  # encode: the servers' call
-    speed = seconds / tokens
+    path = args.tokenizer or str(resolve_model(args.model))
+    text, modules = b_text(load_tokenizer(path), args.b_tokens)
+    speed = cold_speed(path, text)  # encode, the servers' call, on words it has not seen
     source = f"the source of {', '.join(modules)} (Python {sys.version.split()[0]})"
     print(f"B: {args.b_tokens} tokens of {source}; tokenized at {speed * 1e6:.2f} us/token")
     profile = args.profile or measure_profile(args)
     cases = []
     for budget in (int(b) for b in args.budgets.split(",")):
-        for layout in args.layouts.split(","):
-            cases.append(one_case(args, profile, layout, budget, text, speed))
-            cases[-1] |= {
-                "profile": str(profile),
-                "b_text": source,
-                "b_text_tokenize_us_per_token": speed * 1e6,
-            }
-            print_table(cases[-1:])
+        for repeat in range(args.repeats):
+            for layout in args.layouts.split(","):
+                cases.append(one_case(args, profile, layout, budget, text, speed, repeat))
+                cases[-1] |= {
+                    "profile": str(profile),
+                    "b_text": source,
+                    "b_text_tokenize_us_per_token": speed * 1e6,
+                }
+                print_table(cases[-1:])
     print_table(cases)
     write_runs(args.json, cases)
 

@@ -2,7 +2,7 @@
 the memory of its process tree, and one streamed completion; and the flags of a benchmark.
 
 Imported by the benchmarks beside it (``abort_storm.py``, ``overload.py``, ``layout_ab.py``,
-``cpu_serving.py``, ``reservation_engine.py``, ``router_overhead.py``,
+``layout_load.py``, ``cpu_serving.py``, ``reservation_engine.py``, ``router_overhead.py``,
 ``scheduler_step.py``) and by the small versions of the first two in ``tests/``.
 """
 

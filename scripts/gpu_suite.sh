@@ -60,6 +60,16 @@
 #             1k ones), with held-out points of rows at random contexts in between: the cliff
 #             between 16 rows (graph) and 17 (pieces, eager) -> OUT_DIR/ragged32k.csv (not merged
 #             into the committed profile: reports/validate_h200/)
+#   layouts   the load sweep over process layouts (benchmarks/layout_load.py): split, frontend
+#             and inline against their simulations on the first $LAYOUT_LIMIT (250) requests
+#             of the Azure conversation trace at rate scales $LAYOUT_RATES (2,5,10), or on
+#             $LAYOUT_TRACE; $LAYOUT_REPEATS (1) real runs each
+#   tokscale  1, 2 and 4 tokenizer workers ($TOKSCALE_WORKERS) on a trace whose long text
+#             prompts share a 16k-token prefix (the tokenizer binds, the GPU little), real
+#             against simulated (benchmarks/layout_load.py)
+#   layout_ab a decoding request while a 32k-token text prompt arrives, per layout, at
+#             prefill budgets $AB_BUDGETS (512,2048), $AB_REPEATS (2) runs each
+#             (benchmarks/layout_ab.py; the step records too)
 #   validate  the profile (the committed grid), then `sim validate` of the Azure conversation
 #             trace against a live server at rate scales $RATES (default "3 5 7", $LIMIT
 #             requests each, default 300);
@@ -80,6 +90,11 @@ LONG_GRID="--prefill-prefixes 0,4096,16384,32768 --decode-contexts 256,1024,4096
     --mixed-prefixes 0,4096,32768 --mixed-batches 8,32,64,128 --mixed-contexts 1024,4096,16384
     --ragged-longest 4096,16384"
 LIMIT=${LIMIT:-300}
+GPU_SERVE="--device cuda --dummy-weights --tokenizer .gpu/tokenizer"
+# benchmarks/layout_load.py's flags for the Llama-3.1-8B shape on this GPU
+GPU_LOAD_ARGS=(--model llama-3.1-8b --tokenizer .gpu/tokenizer --threads 4
+    --serve-args "$GPU_SERVE --max-running 256" --validate-args "--max-running 256"
+    --profile profiles/h200_llama-3.1-8b.csv)
 mkdir -p "$out"
 source scripts/gpu_env.sh || exit 1
 gpus=$(python3 -c "import torch; print(torch.cuda.device_count())")
@@ -123,7 +138,7 @@ mid_prefix_trace() {  # the capacity part's held-out trace (mid-length prompts, 
 }
 for part in $parts; do
     case $part in  # measured before the part's server starts
-    attribution|cluster|capacity|alone|tier|validate) cpu_flag=$(host_cpu) ;;
+    attribution|cluster|capacity|alone|tier|validate|layouts|tokscale) cpu_flag=$(host_cpu) ;;
     esac
     case $part in
     probe)
@@ -362,6 +377,27 @@ for part in $parts; do
         fi
         kill "$pid" 2>/dev/null
         wait "$pid" 2>/dev/null
+        ;;
+    layouts)
+        run layouts 580 python3 benchmarks/layout_load.py \
+            --trace "${LAYOUT_TRACE:-traces/azure_conv.csv}" --limit "${LAYOUT_LIMIT:-250}" \
+            --rates "${LAYOUT_RATES:-2,5,10}" --repeats "${LAYOUT_REPEATS:-1}" \
+            "${GPU_LOAD_ARGS[@]}" $cpu_flag --out "$out/layouts"
+        ;;
+    tokscale)
+        python3 -m lab.cli.sim gen --rate 60 --input uniform:16640:16896 --output fixed:16 \
+            --num 300 --prefix-groups 1 --prefix-len fixed:16384 --seed 7 --out build/tokbound.jsonl
+        run tokscale 580 python3 benchmarks/layout_load.py --trace build/tokbound.jsonl \
+            --layouts split --num-tokenizers "${TOKSCALE_WORKERS:-1,2,4}" --rates 1 --repeats 1 \
+            "${GPU_LOAD_ARGS[@]}" $cpu_flag --out "$out/tokscale"
+        ;;
+    layout_ab)
+        run layout_ab 580 python3 benchmarks/layout_ab.py --model llama-3.1-8b \
+            --tokenizer .gpu/tokenizer --serve-args "$GPU_SERVE" \
+            --profile profiles/h200_llama-3.1-8b.csv --b-tokens 32000 \
+            --budgets "${AB_BUDGETS:-512,2048}" --repeats "${AB_REPEATS:-2}" --num-pages 8192 \
+            --threads 4 --a-tokens-before 32 --a-tokens-after 400 --out-dir "$out/layout_ab" \
+            --json "$out/layout_ab_h200.json"
         ;;
     *) echo "unknown part $part" ;;
     esac
