@@ -214,36 +214,40 @@ def spread(a: float, b: float) -> float:
     return abs(a - b) / ((a + b) / 2) if a + b else 0.0
 
 
-def _best(values: dict[str, float], higher: bool, threshold: float) -> list[str]:
-    """The labels within ``threshold`` (``spread``) of the best value, best first."""
+def _best(values: dict[str, float], higher: bool, noise: dict[str, float]) -> list[str]:
+    """The labels whose value is within the larger ``noise`` of the two (``spread``) of the
+    best value, best first."""
     order = sorted(values, key=values.__getitem__, reverse=higher)
-    return [k for k in order if spread(values[order[0]], values[k]) <= threshold]
+    top = order[0]
+    return [k for k in order if spread(values[top], values[k]) <= max(noise[top], noise[k])]
 
 
 def winner(entries: dict[str, dict[str, Any]], higher: bool, tie_pct: float) -> dict[str, Any]:
-    """The best of ``entries`` (label -> a metric's real/sim/noise) in each world. The real
-    best is a tie when the runner-up differs from it by no more than the spread of their real
-    runs (the larger noise of the two; ``tie_pct`` % when either has none); ``tied`` holds
-    every label within that of the best, ``sim_tied`` every label within it of the simulated
-    best. ``agrees``: yes when the two sets are equal, partly when they meet, else no."""
+    """The best of ``entries`` (label -> a metric's real/sim/noise) in each world. A label ties
+    with the best when the two differ by no more than the larger spread of their real runs
+    (``tie_pct`` % for a label without one); ``tied`` holds every label that ties with the real
+    best, ``sim_tied`` every label that ties with the simulated best (by the same spreads).
+    ``agrees``: yes when the two sets are equal, partly when they meet, else no."""
     real = {k: e["real"] for k, e in entries.items() if e["real"] is not None}
     sim = {k: e["sim"] for k, e in entries.items() if e["sim"] is not None}
+    noise = {
+        k: tie_pct / 100 if e.get("noise") is None else float(e["noise"])
+        for k, e in entries.items()
+    }
     order = sorted(real, key=real.__getitem__, reverse=higher)
-    noises = [entries[k]["noise"] for k in order[:2]]
-    from_runs = len(order) > 1 and all(n is not None for n in noises)
-    threshold = max(noises) if from_runs else tie_pct / 100
-    tied = _best(real, higher, threshold) if real else []
-    sim_tied = _best(sim, higher, threshold) if sim else []
+    tied = _best(real, higher, noise) if real else []
+    sim_tied = _best(sim, higher, noise) if sim else []
     agrees = None
     if tied and sim_tied:
         meet = set(tied) & set(sim_tied)
         agrees = "yes" if set(tied) == set(sim_tied) else "partly" if meet else "no"
+    from_runs = all(e.get("noise") is not None for e in entries.values())
     return {
         "real": order[0] if order else None,
         "runner_up": order[1] if len(order) > 1 else None,
         "difference": spread(real[order[0]], real[order[1]]) if len(order) > 1 else None,
-        "threshold": threshold,
-        "threshold_from": "real runs' spread" if from_runs else "--tie-pct",
+        "threshold": max(noise.values()) if noise else None,
+        "threshold_from": "real runs' spread" if from_runs else "--tie-pct",  # where none
         "tied": tied,
         "sim": sim_tied[0] if sim_tied else None,
         "sim_tied": sim_tied,

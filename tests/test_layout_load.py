@@ -94,6 +94,18 @@ def test_tie_follows_the_real_runs_spread() -> None:
     assert w["tied"] == ["b"] and w["sim_tied"] == ["b", "a"] and w["agrees"] == "partly"
 
 
+def test_each_label_ties_by_its_own_spread() -> None:
+    """A third configuration whose runs spread widely ties with the best, while one close
+    by with steady runs does not (the top two's spreads alone would miss both)."""
+    entries = {
+        "a": entry(100, 100, noise=0.01),
+        "b": entry(102, 100, noise=0.01),
+        "c": entry(90, 100, noise=0.2),
+    }
+    w = winner(entries, higher=True, tie_pct=3)
+    assert w["tied"] == ["b", "c"] and w["threshold"] == 0.2
+
+
 def test_winners_only_with_several_layouts_and_gains_only_with_several_counts() -> None:
     n1 = made_point("split", 1, 0.3, [1.0], 1.0)
     n2 = made_point("split", 2, 0.3, [1.25], 1.1)
