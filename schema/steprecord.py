@@ -31,6 +31,10 @@ The engine writes the times as epoch seconds (``time.time()``, the clock of
 the ``meta_info`` stamps); ``engine bench --server-steps`` keeps the steps
 scheduled during its run and moves them onto the run's clock.
 
+A speculating engine (``engine serve --speculative``) writes two more columns
+after those, ``SPECULATIVE_COLUMNS``: ``draft_tokens``, the draft tokens the
+step fed for verification, and ``accepted_tokens``, those the model accepted.
+
 With several replicas (``engine serve --dp N``, ``sim replay --replicas N``)
 each replica's scheduler has its own steps: the engine writes replica k's to
 ``replica_record_path(PATH, k, N)``, and a run's table holds them all with a
@@ -73,6 +77,8 @@ STEP_RECORD_COLUMNS = (
     "prefill_requests",
     *SHAPE_COLUMNS,
 )
+SPECULATIVE_COLUMNS = ("draft_tokens", "accepted_tokens")
+"""The columns a speculating engine adds after ``STEP_RECORD_COLUMNS``."""
 STEP_RECORD_NAME = "engine_steps.csv"
 REPLICA_COLUMN = "replica"
 """The last column of a record of several replicas: the replica that ran the step."""
@@ -105,10 +111,11 @@ def step_record_in(folder: Path) -> Path | None:
 
 
 def read_step_record(path: Path) -> pd.DataFrame:
-    """A step record as a frame with ``STEP_RECORD_COLUMNS`` in order (and ``replica`` after
-    them where the file has it), typed as ``FLOAT_COLUMNS`` says, in step order (replica by
-    replica; a ``.gz`` file is read gzipped); ``ValueError`` naming ``path`` when its header
-    or a cell does not fit or a step lacks one of its times."""
+    """A step record as a frame with ``STEP_RECORD_COLUMNS`` in order (then
+    ``SPECULATIVE_COLUMNS`` and ``replica`` where the file has them), typed as
+    ``FLOAT_COLUMNS`` says, in step order (replica by replica; a ``.gz`` file is read
+    gzipped); ``ValueError`` naming ``path`` when its header or a cell does not fit or a
+    step lacks one of its times."""
     import pandas as pd
 
     opener = gzip.open if path.suffix == ".gz" else open
@@ -116,7 +123,11 @@ def read_step_record(path: Path) -> pd.DataFrame:
         header = tuple(next(csv.reader(f), []))
     known = [
         (*columns, *last)
-        for columns in (STEP_RECORD_COLUMNS, LEGACY_COLUMNS)
+        for columns in (
+            STEP_RECORD_COLUMNS,
+            LEGACY_COLUMNS,
+            (*STEP_RECORD_COLUMNS, *SPECULATIVE_COLUMNS),
+        )
         for last in ((), (REPLICA_COLUMN,))
     ]
     if header not in known:

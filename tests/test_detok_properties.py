@@ -12,6 +12,7 @@ from engine.detokenizer.incremental import REPLACEMENT, IncrementalDecoder
 from engine.detokenizer.process import Detokenizer
 from engine.detokenizer.stop import StopMatcher
 from engine.ipc import messages
+from engine.sampling.logprobs import TokenLogprob
 
 SETTINGS = settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
@@ -154,3 +155,41 @@ def test_stop_string_finishes_the_request_and_asks_for_an_abort(tokenizer: Any) 
     # tokens still in flight and the scheduler's abort notice are dropped
     late = messages.TokenItem(rid="r", token_ids=[], token_times=[], finish_reason="abort")
     assert detok.process(messages.TokenBatch(items=[late])) == ([], [])
+
+
+@SETTINGS
+@given(cuts=st.lists(st.integers(1, 6), min_size=1, max_size=8), at=st.integers(0, 9))
+def test_a_stop_inside_a_many_token_item_keeps_the_tokens_up_to_it(
+    tokenizer: Any, cuts: list[int], at: int
+) -> None:
+    """An item with several tokens (a step that verified a speculative draft) ends where one
+    token at a time would: the same text, and only the tokens up to the one completing the
+    stop (with their times and log-probs)."""
+    words = "alpha beta gamma delta epsilon zeta eta theta iota kappa lambda mu".split()
+    ids = tokenizer.encode(" ".join(words), add_special_tokens=False)
+    stop = " " + words[at + 1]
+
+    def run(sizes: list[int]) -> tuple[str, list[int], int]:
+        detok = Detokenizer(tokenizer)
+        text, kept, i, k = "", [], 0, 0
+        while i < len(ids):
+            chunk = ids[i : i + sizes[k % len(sizes)]]
+            i, k = i + len(chunk), k + 1
+            entries = [TokenLogprob(t, -1.0) for t in chunk]
+            item = messages.TokenItem(
+                rid="r", token_ids=chunk, token_times=[float(i)] * len(chunk),
+                logprobs=entries, stop=[stop] if k == 1 else None,
+            )  # fmt: skip
+            out, aborts = detok.process(messages.TokenBatch(items=[item]))
+            for t in out:
+                text += t.text
+                kept += t.token_ids
+                assert len(t.token_times) == len(t.logprobs) == len(t.token_ids)
+            if aborts:
+                return text, kept, len(out[-1].token_ids)
+        raise AssertionError("the stop string never matched")
+
+    one_by_one = run([1])
+    text, kept, _ = run(cuts)
+    assert (text, kept) == one_by_one[:2]
+    assert stop not in text and text.endswith(words[at])

@@ -71,6 +71,21 @@ class Tracked:
     fast_forwarded: bool = False
 
 
+SETUP = {  # the machine's configuration, drawn once per run
+    "num_pages": st.integers(4, 48),
+    "page_size": st.sampled_from([1, 2, 4]),
+    "budget": st.integers(1, 24),
+    "max_running": st.integers(1, 8),
+    "policy": st.sampled_from(sorted(POLICIES)),
+    "prefix_cache": st.booleans(),
+    "reserve": st.booleans(),
+    "overlap": st.booleans(),
+    "seed": st.integers(0, 3),
+    "host_pages": st.sampled_from([0, 0, 4, 16]),
+    "write_through": st.booleans(),
+}
+
+
 class SchedulerMachine(RuleBasedStateMachine):
     """Drives a scheduler and an identically fed twin; checks invariants after every call.
 
@@ -78,19 +93,7 @@ class SchedulerMachine(RuleBasedStateMachine):
     outstanding at most, completed oldest first), as the engine's loop does.
     """
 
-    @initialize(
-        num_pages=st.integers(4, 48),
-        page_size=st.sampled_from([1, 2, 4]),
-        budget=st.integers(1, 24),
-        max_running=st.integers(1, 8),
-        policy=st.sampled_from(sorted(POLICIES)),
-        prefix_cache=st.booleans(),
-        reserve=st.booleans(),
-        overlap=st.booleans(),
-        seed=st.integers(0, 3),
-        host_pages=st.sampled_from([0, 0, 4, 16]),
-        write_through=st.booleans(),
-    )
+    @initialize(**SETUP)
     def setup(
         self,
         num_pages: int,

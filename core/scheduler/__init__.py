@@ -5,6 +5,7 @@ and nothing in it reads a clock.
 """
 
 from core.scheduler.config import SchedulerConfig, SchedulerStats
+from core.scheduler.drafter import Drafter, NgramDrafter, PlaceholderDrafter
 from core.scheduler.inflight import PlanOrderError
 from core.scheduler.pages import OutOfPages, PageAllocator
 from core.scheduler.plan import *  # noqa: F403  (the plan types; see plan.__all__)
@@ -18,8 +19,11 @@ from core.scheduler.shape import StepShape
 __all__ = [
     *_plan_names,
     "POLICIES",
+    "Drafter",
+    "NgramDrafter",
     "OutOfPages",
     "PageAllocator",
+    "PlaceholderDrafter",
     "PlanOrderError",
     "Policy",
     "RadixCache",

@@ -41,6 +41,11 @@ class SchedulerConfig:
     says when a page is copied to the host: ``write_back`` when the device
     evicts it, ``write_through`` as soon as it enters the prefix cache. The
     tier holds prefix cache pages: without ``prefix_cache`` it is not built.
+
+    ``num_draft_tokens`` turns on speculative decoding: a decoding request's
+    slot carries at most that many draft tokens per step, proposed by the
+    ``Drafter`` the scheduler is built with (``core.scheduler.drafter``); 0, or
+    no drafter, is the scheduler without speculation.
     """
 
     num_pages: int | None = _setting(None, "KV pages; left out: as many as the KV memory holds")
@@ -64,6 +69,9 @@ class SchedulerConfig:
         "when pages are copied to the host tier: write_back (on device eviction)"
         " or write_through (on entering the prefix cache)",
     )
+    num_draft_tokens: int = _setting(
+        0, "draft tokens per decoding request and step (speculative decoding); 0: off"
+    )
 
     def __post_init__(self) -> None:
         for name in (
@@ -75,6 +83,7 @@ class SchedulerConfig:
             _check_positive(name, getattr(self, name))
         if self.num_pages is not None:
             _check_positive("num_pages", self.num_pages)
+        _check_non_negative("num_draft_tokens", self.num_draft_tokens)
         if not 0 <= self.min_new_token_ratio <= self.init_new_token_ratio <= 1:
             raise ValueError(
                 "new-token ratios must satisfy 0 <= min_new_token_ratio <= init_new_token_ratio"
@@ -124,6 +133,11 @@ def host_pages_for(host_kv_gb: float, host_kv_pages: int, bytes_per_page: int) -
 def _check_positive(name: str, value: object) -> None:
     if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
         raise ValueError(f"{name} must be a positive integer, got {value!r}")
+
+
+def _check_non_negative(name: str, value: object) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise ValueError(f"{name} must be a non-negative integer, got {value!r}")
 
 
 @dataclass(frozen=True, slots=True)

@@ -4,6 +4,7 @@ Between arrivals, finishes, chunk ends and page-boundary allocations,
 consecutive decode steps are identical but for each context growing by one
 token. A run of ``k`` such steps holds while nothing is added or aborted and:
 
+- there is no speculation (steps with draft tokens differ by what is accepted);
 - every running request is decoding, and none can finish by length within
   the run (stop tokens are not foreseen: callers pass no tokens);
 - nothing waiting can be admitted: the queue is empty, the running cap binds,
@@ -46,6 +47,9 @@ class SchedulerState(Protocol):
     step: int
 
     @property
+    def speculative(self) -> bool: ...
+
+    @property
     def num_waiting(self) -> int: ...
 
     @property
@@ -57,6 +61,8 @@ class SchedulerState(Protocol):
 def run_length(s: SchedulerState, max_steps: int) -> int:
     """How many following steps are identical pure-decode steps (0 if none)."""
     if s.aborts_pending or not s.running or max_steps <= 0 or len(s.in_flight) > 1:
+        return 0
+    if s.speculative:
         return 0
     plan = s.in_flight.oldest()
     if plan is not None and not _continues(s, plan):

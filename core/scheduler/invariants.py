@@ -11,11 +11,15 @@ tiers:   each cache node is on the device or the host (or both), the device part
          is a top subtree, locked nodes are on the device; host slots are free
          or a node's, each exactly once; queued writes target distinct host
          slots that cache nodes hold
-state:   running requests are prefilling or decoding, waiting ones hold no pages,
-         no request holds more output than its limit nor plans past it
+state:   running requests are prefilling or decoding, waiting ones hold no pages
+         and no draft, no request holds more output than its limit nor plans past it
 planned: a request's planned positions fit its pages; a prefilling request's stay
-         within its fill; a decoding request is at most one position ahead of its
-         output per plan in flight
+         within its fill; a decoding request holds no page past its planned
+         positions and is ahead of its output by at most one position per plan in
+         flight plus the draft tokens of its slot in flight (at most
+         ``num_draft_tokens``: ahead <= plans in flight x (1 + num_draft_tokens))
+drafts:  a request with draft tokens in flight was last placed by a plan in
+         flight, whose slot for it carries exactly those tokens
 flight:  at most two plans are outstanding, oldest first, right after the last
          completed step
 """
@@ -25,8 +29,9 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Sequence
 
+from core.scheduler.pages import pages_for
 from core.scheduler.radix import RadixCache, RadixNode
-from core.scheduler.request import RequestStatus
+from core.scheduler.request import Request, RequestStatus
 from core.scheduler.scheduler import Scheduler
 
 
@@ -80,8 +85,15 @@ def check_invariants(s: Scheduler) -> None:
             _check(len(req.pages) * ps >= req.fill_len, f"{rid} prefilling without its pages")
         if req.status is RequestStatus.DECODING:
             ahead = req.num_planned - (req.fill_len - 1)
-            _check(0 <= ahead <= outstanding, f"{rid} is {ahead} positions ahead of its output")
+            _check(
+                0 <= ahead <= outstanding + req.draft_in_flight,
+                f"{rid} is {ahead} positions ahead of its output",
+            )
             _check(req.planned_outputs <= req.max_new_tokens, f"{rid} planned past its limit")
+            _check(len(req.pages) == pages_for(req.num_planned, ps), f"{rid} holds extra pages")
+            _check_draft(s, req)
+        elif req.status is RequestStatus.PREFILLING:
+            _check(not req.draft_in_flight, f"prefilling {rid} has a draft in flight")
         for p in req.pages[: req.num_shared_pages]:
             _check(owner.get(p) == "cache", f"{rid} shares page {p} that the cache does not hold")
     for held in s.in_flight.held():
@@ -90,6 +102,7 @@ def check_invariants(s: Scheduler) -> None:
 
     for req in s.waiting():
         _check(not req.pages, f"waiting {req.rid} holds pages")
+        _check(not req.draft_in_flight, f"waiting {req.rid} has a draft in flight")
         _check(req.status is not RequestStatus.FINISHED, f"finished {req.rid} is waiting")
     for req in s.requests.values():
         _check(len(req.output) <= req.max_new_tokens, f"{req.rid} exceeded max_new_tokens")
@@ -98,6 +111,21 @@ def check_invariants(s: Scheduler) -> None:
     _check(outstanding <= 2, f"{outstanding} plans outstanding")
     expected = list(range(s.in_flight.completed + 1, s.step + 1))
     _check(steps == expected, f"outstanding steps {steps}, expected {expected}")
+
+
+def _check_draft(s: Scheduler, req: Request) -> None:
+    """The ``drafts`` invariant for the decoding ``req``."""
+    drafted = req.draft_in_flight
+    if not drafted:
+        return
+    _check(drafted <= s.config.num_draft_tokens, f"{req.rid} has {drafted} draft tokens")
+    plans = [p for p in s.in_flight.plans() if p.step == req.last_plan]
+    _check(bool(plans), f"{req.rid} has a draft in flight but its last plan completed")
+    slots = [d for d in plans[0].decode if d.rid == req.rid] if plans else []
+    _check(
+        [len(d.draft) for d in slots] == [drafted],
+        f"{req.rid}: its plan in flight does not carry its {drafted} draft tokens",
+    )
 
 
 def _check_cache(s: Scheduler, owner: dict[int, str]) -> None:

@@ -113,9 +113,9 @@ class KVMemory:
         short = need - self.allocator.num_free
         return self.cache is not None and short > 0 and self.cache.evict(short) > 0
 
-    def add_page(self, req: Request) -> None:
-        """Append a free page to ``req``'s page table."""
-        req.pages += tuple(self.allocator.alloc(1))
+    def add_pages(self, req: Request, n: int = 1) -> None:
+        """Append ``n`` free pages to ``req``'s page table."""
+        req.pages += tuple(self.allocator.alloc(n))
 
     def share_prefix(self, req: Request, computed: int, tick: int) -> HeldPages | None:
         """Hand the full pages of ``req``'s first ``computed`` positions to the cache (``req``
@@ -146,7 +146,8 @@ class KVMemory:
     def take(self, req: Request) -> HeldPages:
         """Take every page and the lock from ``req``; its planned positions' full pages are kept
         for the cache (their tokens are known and their KV is written once the plans in
-        flight complete)."""
+        flight complete). Keys come from the prompt and the output, which holds verified
+        tokens only: no page is keyed past them, so none by a draft token."""
         ps = self.page_size
         keys = req.page_keys(req.num_planned // ps, ps) if self.cache is not None else []
         held = HeldPages(keys, req.pages, req.cache_node, req.num_shared_pages)
@@ -154,6 +155,7 @@ class KVMemory:
         req.cache_node = None
         req.num_shared_pages = 0
         req.num_planned = 0
+        req.draft_in_flight = 0
         return held
 
     def give_back(self, held: HeldPages, tick: int) -> None:

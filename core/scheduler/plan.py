@@ -1,10 +1,10 @@
 """The scheduler's decisions and their outcomes: plain, serializable values.
 
 A ``Plan`` is everything one model step needs to know: which requests prefill
-which token span, which requests decode one token, and the page table of each.
-Rank 0 broadcasts it to the other tensor-parallel ranks; a run can be logged and
-replayed from it. ``complete(plan, tokens)`` turns the sampled tokens into
-``Event`` values.
+which token span, which requests decode one token (and verify draft tokens),
+and the page table of each. Rank 0 broadcasts it to the other tensor-parallel
+ranks; a run can be logged and replayed from it. ``complete(plan, tokens)``
+turns the sampled tokens into ``Event`` values.
 
 Input tokens. Let ``sequence`` be a request's prompt followed by the output
 tokens of the plans completed so far (what ``TokenOut`` events delivered). A
@@ -14,6 +14,18 @@ len(sequence)``; when ``position == len(sequence)`` its token is the one the
 plan still in flight samples for the same request (overlap scheduling: the
 engine reads it on the device from that plan's sampled tokens). A slot is never
 further ahead than that.
+
+Draft tokens (speculative decoding). A decode slot's ``draft`` is fed at
+positions ``position + 1 .. position + len(draft)``, after the slot's own
+token, and the step samples one token after each fed position
+(``len(draft) + 1``). The tokens the engine reports for the slot are the
+verified ones: the draft's accepted prefix followed by the model's own next
+token (1 to ``len(draft) + 1`` tokens). A slot with a draft is its request's
+last one in flight: the next waits for its completion, since its position
+depends on how many draft tokens are accepted; so the plan in flight that
+samples a slot's input token (``position == len(sequence)``) carries no draft
+for that request and samples exactly that one token. The KV of rejected draft
+positions is garbage; later slots overwrite it.
 
 Copies (the host KV tier, ``core.scheduler.host_tier``). A plan's ``writes``
 copy device pages to host slots, its ``loads`` host slots to device pages. The
@@ -87,11 +99,13 @@ class PrefillChunk:
 
 @dataclass(frozen=True, slots=True)
 class DecodeSlot:
-    """Feed the request's token at ``position`` (see the module doc) and sample the next one."""
+    """Feed the request's token at ``position`` (see the module doc), then its ``draft`` tokens,
+    and sample one token after each (``len(draft) + 1``)."""
 
     rid: str
     position: int
     pages: tuple[int, ...]
+    draft: tuple[int, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -116,6 +130,16 @@ class Plan:
         return sum(c.length for c in self.prefill)
 
     @property
+    def num_draft_tokens(self) -> int:
+        """Draft tokens the decode slots feed (speculative decoding)."""
+        return sum(len(d.draft) for d in self.decode)
+
+    @property
+    def num_decode_tokens(self) -> int:
+        """Positions the decode slots compute: one per slot plus its draft tokens."""
+        return len(self.decode) + self.num_draft_tokens
+
+    @property
     def batch_size(self) -> int:
         return len(self.prefill) + len(self.decode)
 
@@ -128,11 +152,20 @@ class Plan:
         return [c.rid for c in self.prefill if c.samples] + [d.rid for d in self.decode]
 
     def to_dict(self) -> dict[str, Any]:
-        """A msgpack/JSON-friendly form (lists and scalars only)."""
+        """A msgpack/JSON-friendly form (lists and scalars only).
+
+        A decode slot is ``[rid, position, pages, draft]``, or ``[rid, position,
+        pages]`` when its draft is empty (the form of plans without drafts is unchanged).
+        """
         return {
             "step": self.step,
             "prefill": [[c.rid, c.start, c.length, c.samples, list(c.pages)] for c in self.prefill],
-            "decode": [[d.rid, d.position, list(d.pages)] for d in self.decode],
+            "decode": [
+                [d.rid, d.position, list(d.pages), list(d.draft)]
+                if d.draft
+                else [d.rid, d.position, list(d.pages)]
+                for d in self.decode
+            ],
             "preempted": list(self.preempted),
             "aborted": list(self.aborted),
             "blocked": self.blocked.value,
@@ -148,7 +181,10 @@ class Plan:
                 PrefillChunk(rid, start, length, bool(samples), tuple(pages))
                 for rid, start, length, samples, pages in d["prefill"]
             ),
-            decode=tuple(DecodeSlot(rid, pos, tuple(pages)) for rid, pos, pages in d["decode"]),
+            decode=tuple(
+                DecodeSlot(e[0], e[1], tuple(e[2]), tuple(e[3]) if len(e) > 3 else ())
+                for e in d["decode"]
+            ),
             preempted=tuple(d["preempted"]),
             aborted=tuple(d["aborted"]),
             blocked=Blocked(d.get("blocked", "")),

@@ -13,8 +13,11 @@ after a preemption, which recomputes). The last fill chunk samples a token.
 
 Two counts describe progress: ``output`` holds the tokens of completed plans,
 ``num_planned`` counts the KV positions of every plan made so far, in flight
-or completed. With one plan in flight a decoding request is one position
-ahead of its output; with none they agree.
+or completed. Each plan in flight that places a decoding request puts it one
+position ahead of its output, plus the draft tokens of its slot (speculative
+decoding; only the last slot in flight may carry them); with none they agree.
+When a slot with draft tokens completes, ``num_planned`` rolls back to the
+positions whose KV holds verified tokens (``core.scheduler.speculative``).
 """
 
 from __future__ import annotations
@@ -72,6 +75,7 @@ class Request:
     seq: int = 0  # admission order among equal arrivals; set by the scheduler
     admitted_at: int = 0  # the step that last admitted it; earlier plans' slots are stale
     last_plan: int = 0  # the latest step whose plan places it
+    draft_in_flight: int = 0  # draft tokens of its slot in flight (the latest); 0 if none
     first_scheduled: float | None = None  # ``now`` of the step that first admitted it
     cache_node: RadixNode | None = None  # the locked radix node of the shared prefix
     _prompt_keys: list[PageKey] | None = field(default=None, repr=False)

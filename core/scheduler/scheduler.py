@@ -16,6 +16,18 @@ flight uses them return when that plan completes (``core.scheduler.inflight``).
 Strict alternation (complete each plan before the next ``schedule``) is the
 same code with nothing in flight.
 
+Speculative decoding (``num_draft_tokens`` > 0 and a ``Drafter``): each
+decoding request placed gets a slot with up to that many draft tokens, as
+the output limit and spare pages allow (``core.scheduler.speculative``); when
+its input token is still being sampled by the plan in flight, the drafter is
+asked for one more token and its first guess (for that token) is dropped. At
+``complete`` the verified tokens are delivered and the request rolls back to
+them. With overlap, a request whose slot in flight carries drafts sits the
+next step out: its next position depends on how many are accepted. That is
+the price of speculation with overlap: such a request is placed at most every
+other step. Requests without drafts are scheduled exactly as without
+speculation.
+
 One step, in order:
 
 1. release aborted requests (their pages go back, or into the prefix cache);
@@ -23,45 +35,47 @@ One step, in order:
    cache pages; when that is not enough and pages held for the plan in flight
    will cover it, the request sits this step out, else the policy's victim is
    preempted (recompute: its pages are released and it waits again);
+   with speculation, then give the placed requests their drafts, from pages
+   that are free or evictable;
 3. continue chunked prefills, then admit waiting requests in policy order while
    the running cap, the prefill token budget and KV pages (minus the decode
    reservation, when enabled) allow; admission stops at the first request that
    does not fit (no request overtakes the head).
 
 A request is admitted with pages for its whole fill (prompt + output so far),
-so later chunks never allocate; only decode grows a request.
+so later chunks never allocate; only decode grows a request (and a rollback
+after a draft shrinks it).
 """
 
 from __future__ import annotations
 
 import bisect
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Sequence
 
 from core.scheduler import decode_run
+from core.scheduler.completion import Completion
 from core.scheduler.config import SchedulerConfig, SchedulerStats
+from core.scheduler.drafter import Drafter
 from core.scheduler.inflight import InFlight
-from core.scheduler.memory import HeldPages, KVMemory
+from core.scheduler.memory import KVMemory
+from core.scheduler.pages import pages_for
 from core.scheduler.plan import (
-    PLACEHOLDER_TOKEN,
     Blocked,
     DecodeRun,
     DecodeSlot,
-    Event,
-    Finished,
-    FinishReason,
     Plan,
-    Preempted,
     PrefillChunk,
-    TokenOut,
 )
 from core.scheduler.policy import Key, get_policy
 from core.scheduler.request import Request, RequestRejected, RequestStatus, check_servable
 from core.scheduler.reservation import DecodeReservation
+from core.scheduler.speculative import draft_limit
 
 
-class Scheduler:
-    def __init__(self, config: SchedulerConfig) -> None:
+class Scheduler(Completion):
+    def __init__(self, config: SchedulerConfig, drafter: Drafter | None = None) -> None:
         self.config = config
+        self.drafter = drafter
         self.policy = get_policy(config.policy)
         self.page_size = config.page_size
         self.memory = KVMemory(config)
@@ -154,6 +168,7 @@ class Scheduler:
             self.reservation.reset()
         preempted: list[str] = []
         placed = self._grow_decodes(preempted)
+        drafts = self._drafts(placed) if self.speculative else None
 
         budget = self.config.max_prefill_tokens
         chunks: list[PrefillChunk] = []
@@ -164,10 +179,17 @@ class Scheduler:
 
         decode = []
         step = self.step
-        for req in placed:
-            decode.append(DecodeSlot(req.rid, req.num_planned, req.pages))
-            req.num_planned += 1
-            req.last_plan = step
+        if drafts is None:
+            for req in placed:
+                decode.append(DecodeSlot(req.rid, req.num_planned, req.pages))
+                req.num_planned += 1
+                req.last_plan = step
+        else:
+            for req, draft in zip(placed, drafts, strict=True):
+                decode.append(DecodeSlot(req.rid, req.num_planned, req.pages, draft))
+                req.num_planned += 1 + len(draft)
+                req.draft_in_flight = len(draft)
+                req.last_plan = step
         if decode:
             self.reservation.decayed()
         writes, loads = self.memory.take_copies()
@@ -188,7 +210,8 @@ class Scheduler:
         """Give every decoding request a page for its next position; the requests to place.
 
         A request whose last token is already planned (it finishes when the plan
-        in flight completes) is not placed again.
+        in flight completes) is not placed again, nor one whose slot in flight
+        carries draft tokens (its next position is not known yet).
         """
         placed: list[Request] = []
         running, ps = self.running, self.page_size
@@ -196,18 +219,40 @@ class Scheduler:
         for req in [r for r in running.values() if r.status is decoding]:
             if preempted and running.get(req.rid) is not req:
                 continue  # preempted earlier in this loop
+            if req.draft_in_flight:
+                continue
             num_planned = req.num_planned
             if num_planned - req.prompt_len + 1 >= req.max_new_tokens:  # planned_outputs, inlined
                 continue
             if num_planned >= len(req.pages) * ps:  # the next position starts a page
                 if not self._free_a_page(req, preempted):
                     continue
-                self.memory.add_page(req)
+                self.memory.add_pages(req)
             placed.append(req)
         if not preempted:
             return placed
         gone = set(preempted)
         return [r for r in placed if r.rid not in gone]
+
+    def _drafts(self, placed: list[Request]) -> list[tuple[int, ...]]:
+        """The draft of each placed request's slot, with pages for it; after every placed
+        request has its mandatory page, from free or evictable pages only."""
+        drafter, memory, ps = self.drafter, self.memory, self.page_size
+        assert drafter is not None
+        most = self.config.num_draft_tokens
+        drafts: list[tuple[int, ...]] = []
+        for req in placed:
+            k = draft_limit(req, most, ps, memory.num_free + memory.evictable)
+            draft: tuple[int, ...] = ()
+            if k > 0:
+                unknown = int(req.num_planned >= req.fill_len)  # the plan in flight samples it
+                draft = tuple(drafter.propose(req, k + unknown))[unknown : unknown + k]
+                need = pages_for(req.num_planned + 1 + len(draft), ps) - len(req.pages)
+                if need > 0:
+                    memory.make_room(need)
+                    memory.add_pages(req, need)
+            drafts.append(draft)
+        return drafts
 
     def _free_a_page(self, requester: Request, preempted: list[str]) -> bool:
         """Make a page free for ``requester``'s next position; False if it sits this step out.
@@ -221,10 +266,11 @@ class Scheduler:
         while memory.num_free < 1:
             if memory.make_room(1):
                 continue
-            finishing = {
+            finishing = {  # those whose plan in flight surely ends them (drafts may be rejected)
                 r.rid: r
                 for r in self.running.values()
-                if r.status is RequestStatus.DECODING and r.planned_outputs >= r.max_new_tokens
+                if r.status is RequestStatus.DECODING
+                and r.planned_outputs - r.draft_in_flight >= r.max_new_tokens
             }
             soon = self.in_flight.pending_pages()
             soon += sum(len(r.pages) - r.num_shared_pages for r in finishing.values())
@@ -309,70 +355,6 @@ class Scheduler:
         self._enqueue(req)
         self.reservation.reset()
 
-    # ------------------------------------------------------------------ complete
-    def complete(self, plan: Plan, tokens: Mapping[str, int] | None) -> list[Event]:
-        """Apply the sampled ``tokens`` (rid -> token id; None in simulation) of ``plan``.
-
-        ``plan`` must be the oldest outstanding plan (``PlanOrderError`` otherwise).
-        Slots of requests that ended, were aborted or were re-admitted since the
-        plan was made produce nothing.
-        """
-        done = self.in_flight.pop(plan)
-        self._changes += 1
-        for held in done.held:
-            self.memory.give_back(held, self.step)
-        events: list[Event] = []
-        for rid in plan.aborted:
-            events.append(Finished(rid, FinishReason.ABORT, done.abort_counts[rid]))
-        for rid in plan.preempted:
-            events.append(Preempted(rid))
-        for chunk in plan.prefill:
-            req = self._placed_in(chunk.rid, plan.step)
-            if req is None:
-                continue
-            self._hold(req, self.memory.share_prefix(req, chunk.start + chunk.length, self.step))
-            if chunk.samples:
-                self._append((req,), tokens, events)
-        running, aborted, step = self.running, RequestStatus.ABORTED, plan.step
-        placed = (  # _placed_in, inlined: once per request and step
-            req
-            for slot in plan.decode
-            if (req := running.get(slot.rid)) is not None
-            and req.status is not aborted
-            and req.admitted_at <= step
-        )
-        self._append(placed, tokens, events)
-        return events
-
-    def _placed_in(self, rid: str, step: int) -> Request | None:
-        """The running request that plan ``step`` placed as ``rid``, if it is still there (not
-        ended, aborted or admitted again since)."""
-        req = self.running.get(rid)
-        if req is None or req.status is RequestStatus.ABORTED or req.admitted_at > step:
-            return None
-        return req
-
-    def _append(
-        self, reqs: Iterable[Request], tokens: Mapping[str, int] | None, events: list[Event]
-    ) -> None:
-        """Each of ``reqs``' sampled token: a ``TokenOut``, and its end if it stops it."""
-        for req in reqs:
-            token = PLACEHOLDER_TOKEN if tokens is None else tokens[req.rid]
-            output = req.output
-            events.append(TokenOut(req.rid, token, not output))
-            output.append(token)
-            if token in req.stop_token_ids:
-                self._finish(req, FinishReason.STOP, events)
-            elif len(output) >= req.max_new_tokens:
-                self._finish(req, FinishReason.LENGTH, events)
-
-    def _finish(self, req: Request, reason: FinishReason, events: list[Event]) -> None:
-        req.status = RequestStatus.FINISHED
-        del self.running[req.rid]
-        del self.requests[req.rid]
-        self._release(req)
-        events.append(Finished(req.rid, reason, len(req.output)))
-
     # ------------------------------------------------------------------ release
     def _release_aborted(self) -> dict[str, int]:
         """Release the requests aborted since the last step; their output token counts."""
@@ -387,19 +369,6 @@ class Scheduler:
         self._waiting = [e for e in self._waiting if e[1].rid not in counts]
         self._aborted = []
         return counts
-
-    def _release(self, req: Request) -> None:
-        """Take a request's pages: back to the pool now, or when the plan in flight using them
-        completes."""
-        self._hold(req, self.memory.take(req))
-
-    def _hold(self, req: Request, held: HeldPages | None) -> None:
-        if held is None or not (held.pages or held.node):
-            return
-        if self.in_flight.uses(req.last_plan):
-            self.in_flight.hold(req.last_plan, held)
-        else:
-            self.memory.give_back(held, self.step)
 
     def _enqueue(self, req: Request) -> None:
         bisect.insort(self._waiting, ((*self.policy.key(req), req.seq), req))

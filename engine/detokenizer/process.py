@@ -75,10 +75,7 @@ class Detokenizer:
             state = DetokState(IncrementalDecoder(self.tokenizer), StopMatcher(item.stop or []))
             self.states[item.rid] = state
         finish = item.finish_reason
-        delta = state.decoder.push(item.token_ids) if item.token_ids else ""
-        if finish is not None:
-            delta += state.decoder.flush()
-        text, matched = state.stop.feed(delta)
+        text, matched, kept = self._feed(state, item.token_ids, flush=finish is not None)
         if matched:
             finish = "stop"
         elif finish is not None:
@@ -86,6 +83,9 @@ class Detokenizer:
         if finish is not None:
             del self.states[item.rid]
         output = item.output_fields() | {"finish_reason": finish}
+        if kept < len(item.token_ids):  # a stop string ended within the item's tokens
+            output |= {name: output[name][:kept] for name in ("token_ids", "token_times")}
+            output["logprobs"] = item.logprobs[:kept]
         out = messages.TextItem(**output, text=text, error=item.error)
         prompt = item.prompt_logprobs
         if item.logprobs or prompt:
@@ -93,6 +93,28 @@ class Detokenizer:
         if prompt is not None:
             out.prompt_text = state.decoder.decode([e.token_id for e in prompt])
         return out
+
+
+    @staticmethod
+    def _feed(state: DetokState, tokens: list[int], flush: bool) -> tuple[str, bool, int]:
+        """The text of ``tokens`` that may be emitted, whether a stop string matched, and how
+        many of ``tokens`` the output keeps: all, or up to the one that completes the stop (an
+        item carries several tokens when a step verified a speculative draft)."""
+        if len(tokens) > 1 and state.stop.stops:
+            parts = []
+            for i, token in enumerate(tokens):
+                last = flush and i == len(tokens) - 1
+                delta = state.decoder.push([token]) + (state.decoder.flush() if last else "")
+                text, matched = state.stop.feed(delta)
+                parts.append(text)
+                if matched:
+                    return "".join(parts), True, i + 1
+            return "".join(parts), False, len(tokens)
+        delta = state.decoder.push(tokens) if tokens else ""
+        if flush:
+            delta += state.decoder.flush()
+        text, matched = state.stop.feed(delta)
+        return text, matched, len(tokens)
 
 
 def run_detokenizer(cfg: ServeConfig) -> None:

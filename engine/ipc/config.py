@@ -12,6 +12,7 @@ from core.router import RouterConfig
 from core.scheduler import SchedulerConfig
 from core.settings import derived, non_negative_float, positive_float, positive_int, setting
 from engine.runner.args import RunnerArgs
+from engine.speculative import SpeculativeConfig
 from schema.layouts import LAYOUTS
 
 MAX_REQUEST_BYTES = 8 * 2**20  # an escaped 128k-token prompt fits with room to spare
@@ -71,6 +72,9 @@ class ServeConfig:
     is what scheduler rank 0 runs on (``engine.runner.hardware``, the words of a
     profile's header), set in the frontend once the ranks are ready.
 
+    ``speculative`` names scheduler rank 0's drafter (``engine.speculative``); the
+    core's ``num_draft_tokens`` bounds its drafts.
+
     ``layout`` says which process tokenizes and detokenizes (``engine.launch.launcher``
     spawns the children it needs; ``engine.ipc.messages`` draws each layout's paths).
 
@@ -100,6 +104,10 @@ class ServeConfig:
     replica: int = derived(0, "each replica's index")
     router: RouterConfig = field(
         default_factory=RouterConfig, metadata={"derived": "the router core's settings"}
+    )
+    speculative: SpeculativeConfig = field(
+        default_factory=SpeculativeConfig,
+        metadata={"derived": "the drafter's settings (their own flags)"},
     )
     layout: str = setting(
         "split",

@@ -144,15 +144,27 @@ class TextBatch(msgspec.Struct, tag=True):
     items: list[TextItem]
 
 
+class SpeculativeStats(msgspec.Struct, frozen=True):
+    """Speculative decoding so far: decode slots that verified a draft, draft tokens they
+    proposed and the model accepted, and ``accepted_lengths[n]``: the slots that accepted
+    ``n`` draft tokens (``n`` from 0 to the longest draft)."""
+
+    verify_slots: int = 0
+    draft_tokens: int = 0
+    accepted_tokens: int = 0
+    accepted_lengths: list[int] = []
+
+
 class StatsUpdate(msgspec.Struct, tag=True):
-    """The scheduler core's counters at one moment, the preemptions so far, and the time the
-    runner spent loading KV from the host tier."""
+    """The scheduler core's counters at one moment, the preemptions so far, the time the
+    runner spent loading KV from the host tier, and (a speculating scheduler) its drafts."""
 
     time: float
     stats: SchedulerStats
     num_preemptions: int = 0
     replica: int = 0
     host_load_s: float = 0.0
+    speculative: SpeculativeStats | None = None
 
 
 class Ready(msgspec.Struct, tag=True):

@@ -2,8 +2,9 @@
 
 Every flag comes from a field that declares its default and help once
 (``core.settings``): the serve config's own (``ServeConfig``), the runner's
-(``RunnerArgs``), the scheduler core's, the router core's, and the few that
-only steer the launch (``LaunchOptions``). The flags default to None; a flag
+(``RunnerArgs``), the scheduler core's, the router core's, the drafter's
+(``SpeculativeConfig``), and the few that only steer the launch
+(``LaunchOptions``). The flags default to None; a flag
 left out keeps its field's default.
 """
 
@@ -15,12 +16,14 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from core.router.options import add_router_flags, router_config
+from core.scheduler import SchedulerConfig
 from core.scheduler.options import add_scheduler_flags, scheduler_config
 from core.settings import add_flags, given, positive_int, setting
 from engine.ipc.config import ServeConfig
 from engine.launch.model_source import ModelSource
 from engine.launch.replicas import check_placement, gpu_count
 from engine.runner.args import RunnerArgs
+from engine.speculative import SpeculativeConfig
 
 
 @dataclass(frozen=True)
@@ -52,6 +55,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_flags(p.add_argument_group("launch", "how the processes start"), LaunchOptions)
     add_flags(p.add_argument_group("runner", "the model runner's settings"), RunnerArgs)
     add_scheduler_flags(p)
+    add_flags(p.add_argument_group("speculative", "speculative decoding"), SpeculativeConfig)
     add_router_flags(p, "--dp N")
     return p
 
@@ -71,11 +75,13 @@ def make_config(
 ) -> ServeConfig:
     """The config of this server, from its options and the model it resolved to (``port``, when
     given, in place of ``--port``'s); ``ValueError`` on a bad setting."""
+    speculative = SpeculativeConfig(**given(args, SpeculativeConfig))
+    k_given = "num_draft_tokens" in given(args, SchedulerConfig)
     runner = RunnerArgs(
         **given(args, RunnerArgs),
         model=source.model_path,
         vocab_limit=source.vocab_limit,
-        scheduler=scheduler_config(args),
+        scheduler=speculative.check(scheduler_config(args), k_given),
     )
     values = given(args, ServeConfig)
     layout = values.get("layout", "split")
@@ -92,6 +98,7 @@ def make_config(
         **(values if port is None else values | {"port": port}),
         runner=runner,
         router=router_config(args),
+        speculative=speculative,
         tokenizer_path=str(source.tokenizer_path),
         vocab_size=source.vocab_size,
         eos_token_ids=list(source.eos_token_ids),

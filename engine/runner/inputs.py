@@ -44,11 +44,14 @@ class StepInputs(msgspec.Struct):
 class StepOutput(msgspec.Struct):
     """What one step produced.
 
-    ``tokens`` follows ``plan.sampling_rids()``, and so does ``logprobs`` (None
-    where the request asked for none; empty when none did). ``prompt_logprobs``
-    follows ``plan.prefill`` like ``StepInputs.prompt_logprobs``.
+    ``tokens`` follows ``plan.sampling_rids()``: the sampled token, or for a
+    decode slot with a draft the list of its verified tokens (the accepted draft
+    prefix, then the model's next token), as ``Scheduler.complete`` takes them.
+    ``logprobs`` follows it too, one entry per token (None where the request
+    asked for none; empty when none did). ``prompt_logprobs`` follows
+    ``plan.prefill`` like ``StepInputs.prompt_logprobs``.
     """
 
-    tokens: list[int]
-    logprobs: list[TokenLogprob | None] = msgspec.field(default_factory=list)
+    tokens: list[int | list[int]]
+    logprobs: list[list[TokenLogprob] | None] = msgspec.field(default_factory=list)
     prompt_logprobs: list[list[TokenLogprob] | None] = msgspec.field(default_factory=list)

@@ -14,6 +14,12 @@ A step, as ``launch`` runs it::
             -> KV indices and write slots gathered from the table
             -> forward (a CUDA graph for decode, eager otherwise)
             -> logits of the sampled rows -> sampling -> tokens copied to pinned memory
+    host:   (``StepHandle.result()``) the verified tokens of the slots with a draft
+
+A decode slot with a draft (speculative decoding) is laid out as an extend of
+its token and its draft, every row sampled like a decode row at its output
+index (``engine.runner.layout``); ``engine.sampling.verify`` keeps the draft's
+accepted prefix and the model's next token. Such a step runs eagerly.
 
 Nothing in ``launch`` waits for the device, so the caller can prepare the next
 step while this one runs; ``StepHandle.result()`` waits. With ``time_steps`` set
@@ -58,7 +64,9 @@ from engine.runner.staging import Staging
 from engine.runner.step import StepHandle, StepLogprobs, recorded_event
 from engine.runner.table import RequestTable
 from engine.sampling.logprobs import PendingLogprobs, pending_logprobs
+from engine.sampling.params import SamplingParams
 from engine.sampling.sampler import Sampler, SamplingArrays
+from engine.sampling.verify import expand_rows
 from schema.models import PRESETS, ModelConfig, get_preset
 
 log = logging.getLogger(__name__)
@@ -93,6 +101,7 @@ class _Forward:
     hidden: torch.Tensor  # [T, hidden]
     logits: torch.Tensor  # float32 [S, vocab]
     sampling: SamplingArrays
+    row_params: list[SamplingParams]  # per sampled row
     started: torch.cuda.Event | None  # recorded before the upload, when steps are timed
     enqueued: float  # epoch seconds, just before the upload: the host work in front ends
 
@@ -266,10 +275,11 @@ class ModelRunner:
         if forward is None:
             return StepHandle(None)
         tokens = self.sampler.sample_tensor(forward.logits, forward.sampling)
+        drafts = forward.layout.drafts
         self._last_tokens = tokens
-        self._last_rows = {rid: i for i, rid in enumerate(plan.sampling_rids())}
+        self._last_rows = forward.layout.single_rows(plan.sampling_rids())
         logprobs = self._logprobs(forward, tokens, inputs) if self.tp.rank == 0 else None
-        handle = StepHandle(tokens, logprobs, forward.started, forward.enqueued)
+        handle = StepHandle(tokens, logprobs, forward.started, forward.enqueued, drafts)
         if self.step_events is not None and handle.timing is not None:
             self.step_events.append(handle.timing)
         return handle
@@ -287,7 +297,7 @@ class ModelRunner:
         """The log-probs the step's requests asked for, computed on the device (see
         ``engine.sampling.logprobs``): over the model's distribution below the vocab limit."""
         limit = self._sampler_vocab()
-        wanted = [p.logprobs for p in inputs.sampling]
+        wanted = [p.logprobs for p in forward.row_params]
         rows = [i for i, k in enumerate(wanted) if k is not None]
         if not rows and not any(r is not None for r in inputs.prompt_logprobs):
             return None
@@ -316,7 +326,8 @@ class ModelRunner:
 
     @torch.inference_mode()
     def logits(self, plan: Plan, inputs: StepInputs) -> torch.Tensor | None:
-        """Run ``plan`` without sampling; float32 logits ``[N, vocab]`` of ``plan.sampling_rids()``.
+        """Run ``plan`` without sampling; float32 logits ``[N, vocab]`` of ``plan.sampling_rids()``
+        (a decode slot with a draft: one row per fed position).
 
         None for plans without model work.
         """
@@ -340,7 +351,8 @@ class ModelRunner:
         if not plan.has_model_work:
             return None
         slots, writes = self.table.assign(layout.rids, layout.pages)
-        sampling = SamplingArrays.build(inputs.sampling, inputs.output_index, self._sampler_vocab())
+        params, index = expand_rows(inputs.sampling, inputs.output_index, layout.drafts)
+        sampling = SamplingArrays.build(params, index, self._sampler_vocab())
         enqueued = time.time()
         started = self._timing_event()
         step = DeviceStep.upload(layout, source, slots, writes, sampling, self.staging)
@@ -348,7 +360,7 @@ class ModelRunner:
         meta = step.metadata(layout, self.table, self.pinned)
         hidden = self._run_model(layout, ids, step.positions, meta)
         logits = self.model.compute_logits(hidden.index_select(0, step.sample_rows))
-        return _Forward(layout, hidden, logits, step.sampling, started, enqueued)
+        return _Forward(layout, hidden, logits, step.sampling, params, started, enqueued)
 
     def _run_model(
         self,
@@ -367,17 +379,18 @@ class ModelRunner:
     def _sample_sources(self, plan: Plan, layout: StepLayout) -> np.ndarray:
         """Per row: the row of the last step's samples that holds its input token, else -1."""
         source = np.full(layout.num_tokens, -1, dtype=np.int64)
-        first = layout.num_tokens - len(plan.decode)
-        for j, slot in enumerate(plan.decode):
-            if layout.input_ids[first + j] != FROM_LAST_SAMPLE:
+        for seq in range(len(plan.prefill), layout.num_seqs):  # the decode slots
+            first = int(layout.qo_indptr[seq])
+            if layout.input_ids[first] != FROM_LAST_SAMPLE:
                 continue
-            row = self._last_rows.get(slot.rid)
+            rid = layout.rids[seq]
+            row = self._last_rows.get(rid)
             if row is None:
                 raise ValueError(
-                    f"request {slot.rid}: its input token comes from the previous step, "
-                    "which sampled none for it"
+                    f"request {rid}: its input token comes from the previous step, "
+                    "which sampled none for it (or verified a draft)"
                 )
-            source[first + j] = row
+            source[first] = row
         return source
 
     def _sampler_vocab(self) -> int:

@@ -1,8 +1,9 @@
 """A launched step: its results on the device, and their way back to the host.
 
 ``StepHandle.result()`` waits for the copy of the step's tokens into pinned host
-memory (a CUDA event) and reads the log-probs the requests asked for, so a
-caller can launch step N+1 before it reads step N's results. On CPU the step
+memory (a CUDA event), keeps the verified tokens of each slot with a draft
+(``engine.sampling.verify``) and reads the log-probs the requests asked for, so
+a caller can launch step N+1 before it reads step N's results. On CPU the step
 has already run when it is launched. A handle given the CUDA event that opened
 the step's device work times it: ``device_ms()`` once its tokens are read.
 """
@@ -15,6 +16,7 @@ import torch
 
 from engine.runner.inputs import StepOutput
 from engine.sampling.logprobs import PendingLogprobs, TokenLogprob
+from engine.sampling.verify import group_tokens, kept_rows
 
 
 def recorded_event(timing: bool = False) -> torch.cuda.Event:
@@ -26,8 +28,9 @@ def recorded_event(timing: bool = False) -> torch.cuda.Event:
 
 @dataclass(frozen=True, slots=True)
 class StepLogprobs:
-    """The log-probs a step computes on the device: of the sampled ``rows`` (positions in
-    ``plan.sampling_rids()``), and per prefill chunk the prompt targets it scored."""
+    """The log-probs a step computes on the device: of the sampled ``rows`` (indices of the
+    step's sampled rows: one per request of ``plan.sampling_rids()``, one per fed position of
+    a slot with a draft), and per prefill chunk the prompt targets it scored."""
 
     rows: list[int] = field(default_factory=list)
     sampled: PendingLogprobs | None = None
@@ -41,13 +44,17 @@ class StepHandle:
         logprobs: StepLogprobs | None = None,
         started: torch.cuda.Event | None = None,
         enqueued: float | None = None,
+        drafts: list[tuple[int, ...]] | None = None,
     ) -> None:
-        """``sampled``: the step's tokens on the device (None for a step without model work);
-        ``started``: a timing event recorded where the step's device work began, if timed;
-        ``enqueued``: when (epoch seconds) the host began handing that work to the device."""
+        """``sampled``: the tokens of the step's sampled rows on the device (None for a step
+        without model work); ``started``: a timing event recorded where the step's device work
+        began, if timed; ``enqueued``: when (epoch seconds) the host began handing that work to
+        the device; ``drafts``: per request of ``plan.sampling_rids()`` its draft (None: none
+        has one), whose rows ``sampled`` holds one per fed position."""
         self.sampled = sampled
         self.logprobs = logprobs
         self.enqueued = enqueued
+        self.drafts = drafts if drafts and any(drafts) else None
         self._host: torch.Tensor | None = None
         self._event: torch.cuda.Event | None = None
         self.timing: tuple[torch.cuda.Event, torch.cuda.Event] | None = None
@@ -63,7 +70,8 @@ class StepHandle:
         return self._event is None or bool(self._event.query())  # type: ignore[no-untyped-call]
 
     def tokens(self) -> list[int]:
-        """The sampled tokens, in the order of ``plan.sampling_rids()``."""
+        """The tokens of the sampled rows, in the order of ``plan.sampling_rids()`` (a request
+        with a draft: one per fed position, verified or not)."""
         if self.sampled is None:
             return []
         if self._event is not None and self._host is not None:
@@ -80,16 +88,23 @@ class StepHandle:
         return float(start.elapsed_time(end))
 
     def result(self) -> StepOutput:
-        """Tokens and log-probs (waits for the device)."""
-        tokens = self.tokens()
+        """Tokens (a slot with a draft: its verified tokens) and log-probs (waits for the
+        device)."""
+        flat = self.tokens()
+        tokens = flat if self.drafts is None else group_tokens(flat, self.drafts)
         lp = self.logprobs
         if lp is None:
-            return StepOutput(tokens)
-        sampled: list[TokenLogprob | None] = []
+            return StepOutput(list(tokens))
+        sampled: list[list[TokenLogprob] | None] = []
         if lp.sampled is not None:
-            sampled = [None] * len(tokens)
-            entries = lp.sampled.entries([tokens[i] for i in lp.rows])
-            for i, entry in zip(lp.rows, entries, strict=True):
-                sampled[i] = entry
+            by_row: list[TokenLogprob | None] = [None] * len(flat)
+            for i, entry in zip(
+                lp.rows, lp.sampled.entries([flat[i] for i in lp.rows]), strict=True
+            ):
+                by_row[i] = entry
+            drafts = self.drafts or [()] * len(tokens)
+            for rows in kept_rows(drafts, tokens):
+                kept = [by_row[r] for r in rows]
+                sampled.append(None if None in kept else [e for e in kept if e is not None])
         prompt = [None if p is None else p[1].entries(p[0]) for p in lp.prompt]
-        return StepOutput(tokens, sampled, prompt)
+        return StepOutput(list(tokens), sampled, prompt)

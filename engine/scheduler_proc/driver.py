@@ -14,6 +14,11 @@ is two calls:
 step N+1 before it finishes step N: a decode slot whose input token step N is
 still sampling gets ``FROM_LAST_SAMPLE``, which the model reads on the device.
 
+With a drafter (speculative decoding) the core puts a draft in a decoding
+request's slot; the step returns that slot's verified tokens, which the core
+appends (rolling back the rest), and the request's token item carries every
+token kept. ``speculative`` counts the drafts proposed and accepted.
+
 With a ``StepRecorder`` every step that runs a plan on the model adds a row to
 the step record (``engine.scheduler_proc.recorder``).
 """
@@ -24,6 +29,7 @@ import logging
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from core.scheduler import (
     Finished,
@@ -41,7 +47,11 @@ from engine.runner.inputs import FROM_LAST_SAMPLE, PromptLogprobsRequest, StepIn
 from engine.runner.step import StepHandle
 from engine.sampling.logprobs import TokenLogprob, first_prompt_entry
 from engine.sampling.params import SamplingParams
+from engine.scheduler_proc.drafts import DraftCounters, accepted_tokens
 from engine.scheduler_proc.recorder import Launch, StepRecorder
+
+if TYPE_CHECKING:
+    from core.scheduler.drafter import Drafter
 
 log = logging.getLogger(__name__)
 
@@ -94,8 +104,10 @@ class StepDriver:
         launch: LaunchFn,
         eos_token_ids: Sequence[int],
         recorder: StepRecorder | None = None,
+        drafter: Drafter | None = None,
     ):
-        self.core = Scheduler(config)
+        self.core = Scheduler(config, drafter=drafter)
+        self.speculative = DraftCounters() if drafter is not None else None
         self.recorder = recorder
         self._unfinished = 0  # steps launched and not yet finished
         self.run_model = launch
@@ -220,11 +232,15 @@ class StepDriver:
         rids = plan.sampling_rids()
         tokens = dict(zip(rids, out.tokens, strict=False))
         logprobs = dict(zip(rids, out.logprobs, strict=False))
+        accepted: list[int] = []
+        if self.speculative is not None:
+            accepted = accepted_tokens(plan, tokens)
+            self.speculative.count(plan, accepted)
         done = time.time()
         items: dict[str, messages.TokenItem] = {}
         for event in self.core.complete(plan, tokens):
             if isinstance(event, TokenOut):
-                items[event.rid] = self._token_item(event, done, logprobs.get(event.rid))
+                self._on_token(items, event, done, logprobs.get(event.rid))
             elif isinstance(event, Finished):
                 item = items.get(event.rid)
                 if item is None:
@@ -238,7 +254,9 @@ class StepDriver:
                 self.num_preemptions += 1
                 log.info("rid %s preempted (KV pages ran out); it will recompute", event.rid)
         if self.recorder is not None and launched.record is not None:
-            self.recorder.add(launched.record, time.time(), launched.handle.device_ms())
+            self.recorder.add(
+                launched.record, time.time(), launched.handle.device_ms(), sum(accepted)
+            )
         return list(items.values())
 
     def step(self) -> list[messages.TokenItem]:
@@ -288,6 +306,28 @@ class StepDriver:
             item.tokenized = t.tokenized
             item.first_scheduled = t.first_scheduled
         return item
+
+    def _on_token(
+        self,
+        items: dict[str, messages.TokenItem],
+        event: TokenOut,
+        now: float,
+        entries: list[TokenLogprob] | None,
+    ) -> None:
+        """Put ``event``'s token on its request's item of this step; a slot that verified a
+        draft delivers several, ``entries`` holding their log-probs in order."""
+        item = items.get(event.rid)
+        entry = entries[len(item.token_ids) if item else 0] if entries else None
+        if item is None:
+            items[event.rid] = self._token_item(event, now, entry)
+            return
+        t = self.tracked[event.rid]
+        t.sequence.append(event.token)
+        t.num_output += 1
+        item.token_ids.append(event.token)
+        item.token_times.append(now)
+        if entry is not None:
+            item.logprobs.append(entry)
 
     def _forget(self, rid: str, event: Finished) -> None:
         self._ended.append(rid)

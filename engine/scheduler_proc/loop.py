@@ -78,10 +78,11 @@ def serve_rank0(cfg: ServeConfig, leader: TPLeader) -> None:
     recorder = None
     if cfg.record_steps is not None:
         path = replica_record_path(Path(cfg.record_steps), cfg.replica, cfg.dp_size)
-        recorder = StepRecorder(path)
+        recorder = StepRecorder(path, speculative=cfg.speculative.on)
         runner.time_steps = True
         log.info("recording every step in %s", path)
-    engine = StepDriver(sched_cfg, leader.launch, cfg.eos_token_ids, recorder)
+    drafter = cfg.speculative.drafter()
+    engine = StepDriver(sched_cfg, leader.launch, cfg.eos_token_ids, recorder, drafter)
     text = InlineText(cfg) if cfg.layout == "inline" else None
     ctx, inbox, (outputs, to_frontend) = open_sockets(
         cfg.scheduler_addr, cfg.token_addr, cfg.frontend_addr
@@ -105,6 +106,11 @@ def serve_rank0(cfg: ServeConfig, leader: TPLeader) -> None:
         runner.host_pages,
     )
     log.info("overlap scheduling %s; layout %s", "on" if cfg.overlap_on else "off", cfg.layout)
+    k = sched_cfg.num_draft_tokens
+    if drafter is not None:
+        log.info("speculative decoding: %s, up to %d draft tokens", cfg.speculative.method, k)
+    elif k:
+        log.warning("--num-draft-tokens %d without --speculative: no drafter, no drafts", k)
     loop = SchedulerLoop(engine, inbox, outputs, to_frontend, cfg.overlap_on, cfg.replica, text)
     if runner.host_kv is not None:
         loop.host_load_s = runner.host_kv.load_seconds
@@ -199,20 +205,23 @@ class SchedulerLoop:
         now = time.time()
         if not force and now - self.last_stats_time < STATS_INTERVAL_S:
             return
+        spec = self.engine.speculative
         update = messages.StatsUpdate(
             time=now,
             stats=self.engine.stats(),
             num_preemptions=self.engine.num_preemptions,
             replica=self.replica,
             host_load_s=self.host_load_s() if self.host_load_s is not None else 0.0,
+            speculative=spec.snapshot() if spec is not None else None,
         )
         last = self.last_stats
-        if last is not None and (last.stats, last.num_preemptions, last.host_load_s) == (
-            update.stats,
-            update.num_preemptions,
-            update.host_load_s,
-        ):
+        if last is not None and _counts(last) == _counts(update):
             return
         self.last_stats = update
         self.last_stats_time = now
         self.to_frontend.send(messages.encode(update))
+
+
+def _counts(update: messages.StatsUpdate) -> tuple[object, ...]:
+    """What a ``StatsUpdate`` says, but its time."""
+    return update.stats, update.num_preemptions, update.host_load_s, update.speculative

@@ -8,6 +8,10 @@ tuple appended to a list; the rows reach the file as CSV in batches: every
 ``FLUSH_EVERY`` steps, whenever the scheduler falls idle (so a benchmark that
 waits for its last token finds every step of its run in the file), and at
 exit. A flush holds SIGTERM back until its rows are written whole.
+
+A speculating engine (``--speculative``) adds ``SPECULATIVE_COLUMNS`` at the
+end of each row: the draft tokens the step fed for verification and those the
+model accepted.
 """
 
 from __future__ import annotations
@@ -18,7 +22,7 @@ from pathlib import Path
 from typing import NamedTuple
 
 from core.scheduler import Plan, StepShape
-from schema.steprecord import STEP_RECORD_COLUMNS
+from schema.steprecord import SPECULATIVE_COLUMNS, STEP_RECORD_COLUMNS
 
 FLUSH_EVERY = 256  # rows kept between writes while busy (a write stalls the loop: keep it short)
 
@@ -37,6 +41,7 @@ class Launch(NamedTuple):
     num_running: int
     prefill_requests: int
     shape: StepShape
+    draft_tokens: int
 
     @staticmethod
     def of(
@@ -49,7 +54,13 @@ class Launch(NamedTuple):
         work to the device, and the launch; ``counts``: the waiting and running requests
         before ``schedule``."""
         return Launch(
-            plan.step, *times, in_flight, *counts, len(plan.prefill), StepShape.of_plan(plan)
+            plan.step,
+            *times,
+            in_flight,
+            *counts,
+            len(plan.prefill),
+            StepShape.of_plan(plan),
+            plan.num_draft_tokens,
         )
 
 
@@ -57,25 +68,36 @@ Row = tuple[int | float | None, ...]
 
 
 class StepRecorder:
-    """Appends step rows to a CSV file with a header row (the file is replaced)."""
+    """Appends step rows to a CSV file with a header row (the file is replaced); with
+    ``speculative``, the draft columns too."""
 
-    def __init__(self, path: Path, flush_every: int = FLUSH_EVERY) -> None:
+    def __init__(
+        self, path: Path, flush_every: int = FLUSH_EVERY, speculative: bool = False
+    ) -> None:
         self.flush_every = flush_every
+        self.speculative = speculative
         self.rows: list[Row] = []
         self.file = path.open("w", newline="")
         self.writer = csv.writer(self.file)
-        self.writer.writerow(STEP_RECORD_COLUMNS)
+        extra = SPECULATIVE_COLUMNS if speculative else ()
+        self.writer.writerow((*STEP_RECORD_COLUMNS, *extra))
         self.file.flush()
 
-    def add(self, launch: Launch, done: float, device_ms: float | None) -> None:
+    def add(
+        self, launch: Launch, done: float, device_ms: float | None, accepted_tokens: int = 0
+    ) -> None:
+        """A step's row; ``accepted_tokens``: the draft tokens its verification kept."""
         s = launch.shape
-        self.rows.append((
+        row: Row = (
             launch.step, launch.schedule_start, launch.schedule_end, launch.enqueued,
             launch.launched, done, device_ms, int(launch.in_flight), launch.num_waiting,
             launch.num_running,
             launch.prefill_requests, s.prefill_tokens, s.decode_requests, s.context_tokens,
             s.decode_context, s.decode_padded, s.prefill_attention, s.sampled,
-        ))  # fmt: skip
+        )  # fmt: skip
+        if self.speculative:
+            row += (launch.draft_tokens, accepted_tokens)
+        self.rows.append(row)
         if len(self.rows) >= self.flush_every:
             self.flush()
 

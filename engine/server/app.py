@@ -34,7 +34,8 @@ def create_app(
     """The app; its lifespan opens the sockets to the tokenizers and from the pipeline.
     ``pools``: each replica's KV pages and host KV pages as its scheduler reported them
     ready (in ``/metrics`` from the start)."""
-    metrics = ServerMetrics(cfg.model)
+    draft_tokens = cfg.scheduler.num_draft_tokens if cfg.speculative.on else 0
+    metrics = ServerMetrics(cfg.model, draft_tokens)
     frontend = Frontend(cfg, metrics, pools or {})
 
     @asynccontextmanager

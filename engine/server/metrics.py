@@ -6,7 +6,8 @@ counters and the histograms are observed by the frontend from the stage
 timestamps the pipeline carries (TTFT = first token - received, ITL = gap
 between consecutive tokens, queue time = first scheduled - received, E2E =
 finished - received). Every series has the label ``model_name``. The router's
-books per replica come from ``engine.server.replica_metrics``.
+books per replica come from ``engine.server.replica_metrics``; a speculating
+server's drafts, from ``engine.server.speculative_metrics``.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from core.scheduler.config import SchedulerStats
 from engine.ipc import messages
 from engine.server.replica_metrics import ReplicaCollector
 from engine.server.replicas import Replicas
+from engine.server.speculative_metrics import SpeculativeCollector
 
 LATENCY_BUCKETS = (
     0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.5, 0.75,
@@ -52,9 +54,14 @@ M = TypeVar("M", Counter, Gauge, Histogram)
 class ServerMetrics:
     """The metrics of one server, each labelled with the model it serves."""
 
-    def __init__(self, model: str) -> None:
+    def __init__(self, model: str, num_draft_tokens: int = 0) -> None:
+        """``num_draft_tokens``: the longest draft of a speculating server (0: none)."""
         self.registry = CollectorRegistry()
         self.model = model
+        self.speculative: SpeculativeCollector | None = None
+        if num_draft_tokens:
+            self.speculative = SpeculativeCollector(model, num_draft_tokens)
+            self.registry.register(self.speculative)
         self.stats_gauges = [
             (self._per_replica(Gauge, name, help_), value) for name, help_, value in STATS_GAUGES
         ]
@@ -195,6 +202,8 @@ class ServerMetrics:
         ):
             metric.labels(*labels).inc(now - then)
         self._last_stats[update.replica] = update
+        if self.speculative is not None and update.speculative is not None:
+            self.speculative.update(update.replica, update.speculative)
 
     def track_open(self, count: Callable[[], int]) -> None:
         """Report ``count()`` as the number of open requests at each scrape."""

@@ -271,5 +271,6 @@ async def models(request: Request) -> Response:
         "dp": ctx.cfg.dp_size,
         "gpu_share": ctx.cfg.gpu_share,
         "router": asdict(ctx.cfg.router),
+        "speculative": ctx.cfg.speculative.card(ctx.cfg.scheduler),
     }
     return JSONResponse({"object": "list", "data": [card]})
