@@ -165,7 +165,20 @@ def test_a_stop_inside_a_many_token_item_keeps_the_tokens_up_to_it(
     """An item with several tokens (a step that verified a speculative draft) ends where one
     token at a time would: the same text, and only the tokens up to the one completing the
     stop (with their times and log-probs)."""
-    words = "alpha beta gamma delta epsilon zeta eta theta iota kappa lambda mu".split()
+    words = [
+        "alpha",
+        "beta",
+        "gamma",
+        "delta",
+        "epsilon",
+        "zeta",
+        "eta",
+        "theta",
+        "iota",
+        "kappa",
+        "lambda",
+        "mu",
+    ]
     ids = tokenizer.encode(" ".join(words), add_special_tokens=False)
     stop = " " + words[at + 1]
 

@@ -242,7 +242,7 @@ def test_a_request_without_a_draft_keeps_its_pace_under_overlap() -> None:
     s.add(req("a", 4, out=20))
     plans = [s.schedule(0.0), s.schedule(1.0)]
     for step in range(2, 6):
-        s.complete(plans[-2], {"a": [step]})
+        s.complete(plans[-2], {"a": step})
         plans.append(s.schedule(float(step)))
         assert [d.position for d in plans[-1].decode] == [step + 3]
 
@@ -317,17 +317,17 @@ class NoGuess:
         return ()
 
 
-def test_one_token_sequences_are_accepted_for_slots_without_drafts() -> None:
-    """While speculating, a slot whose drafter had no guess takes its token plain or as a
-    one-token sequence; more is an error (checked only while speculating: the plain path
-    stays as cheap as before)."""
+def test_a_slot_without_a_draft_takes_one_token() -> None:
+    """While speculating, a slot whose drafter had no guess takes an int; a sequence is an error
+    (checked only while speculating: the plain path stays as cheap as before)."""
     s = Scheduler(SchedulerConfig(num_pages=8, page_size=2, num_draft_tokens=2), NoGuess())
     s.add(req("a", 4, out=3))
-    s.complete(s.schedule(0.0), {"a": [1]})
+    s.complete(s.schedule(0.0), {"a": 1})
     plan = s.schedule(1.0)
-    with pytest.raises(ValueError, match="0 draft tokens"):
-        s.complete(plan, {"a": [2, 3]})
-    assert s.complete(plan, {"a": [2]}) == [TokenOut("a", 2, False)]
+    assert not plan.decode[0].draft
+    with pytest.raises(ValueError, match="without draft tokens takes one token"):
+        s.complete(plan, {"a": [2]})
+    assert s.complete(plan, {"a": 2}) == [TokenOut("a", 2, False)]
 
 
 def test_speculation_stops_decode_runs() -> None:

@@ -87,6 +87,8 @@ def verify(plan: Plan, prompt_len: dict[str, int], seed: int) -> dict[str, int |
     tokens: dict[str, int | list[int]] = {}
     tokens.update(sampled(plan, prompt_len.__getitem__, seed))
     for d in plan.decode:
+        if not d.draft:
+            continue  # its one token, an int, from ``sampled``
         first = d.position + 1 - prompt_len[d.rid]  # the output index sampled after position
         truth = [sampled_token(seed, d.rid, first + i) for i in range(len(d.draft) + 1)]
         m = 0

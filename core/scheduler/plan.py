@@ -48,7 +48,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from enum import StrEnum
-from typing import Any
+from typing import Any, NamedTuple
 
 __all__ = [
     "PLACEHOLDER_TOKEN",
@@ -97,10 +97,10 @@ class PrefillChunk:
     pages: tuple[int, ...]
 
 
-@dataclass(frozen=True, slots=True)
-class DecodeSlot:
+class DecodeSlot(NamedTuple):
     """Feed the request's token at ``position`` (see the module doc), then its ``draft`` tokens,
-    and sample one token after each (``len(draft) + 1``)."""
+    and sample one token after each (``len(draft) + 1``). A named tuple: the scheduler makes
+    one per decoding request and step, and a tuple is the cheapest immutable value to make."""
 
     rid: str
     position: int

@@ -44,15 +44,18 @@ def draft_limit(req: Request, most: int, page_size: int, spare_pages: int) -> in
 def check_results(
     plan: Plan, tokens: Mapping[str, Sampled] | None, accepted: Mapping[str, int] | None
 ) -> None:
-    """Raise ``ValueError`` unless each decode slot's result fits it: 1 to ``len(draft) + 1``
-    verified tokens (exactly 1 without a draft) that begin with the accepted draft tokens,
-    accepted counts of 0 to ``len(draft)``."""
+    """Raise ``ValueError`` unless each decode slot's result fits it: one token (an int), or for
+    a slot with a draft 1 to ``len(draft) + 1`` verified tokens that begin with the accepted
+    draft tokens; accepted counts of 0 to ``len(draft)``."""
     if tokens is not None:
         for slot in plan.decode:
             value = tokens.get(slot.rid)
-            if value is None or type(value) is int or not isinstance(value, Sequence):
-                continue
             draft = slot.draft
+            if value is None or type(value) is int:  # one token (for a draft: none accepted)
+                continue
+            if not draft or not isinstance(value, Sequence):
+                raise ValueError(f"{slot.rid}: a slot without draft tokens takes one token (an"
+                                 f" int), got {value!r}")  # fmt: skip
             if not 1 <= len(value) <= len(draft) + 1:
                 raise ValueError(
                     f"{slot.rid}: {len(value)} verified tokens for a slot with"
@@ -82,11 +85,6 @@ def verified(
         return (PLACEHOLDER_TOKEN,) * (1 + (accepted.get(slot.rid, 0) if accepted else 0))
     value = tokens[slot.rid]
     return value if isinstance(value, Sequence) else (value,)
-
-
-def one_token(value: Sampled) -> int:
-    """The token of a slot without a draft, sent plain or as a one-token sequence."""
-    return value[0] if isinstance(value, Sequence) else value
 
 
 def num_kept(req: Request, new: Sequence[int]) -> int:
