@@ -116,6 +116,12 @@ def test_sim_validate_simulates_the_server_s_replicas_and_router(dp2: Server) ->
     assert warning is not None and "--colocation" in warning
     sticky = replace(info, router=info.router | {"policy": "session_sticky"})
     assert sim_config(parser.parse_args(argv), sticky, 256).router.policy == "session_sticky"
+    # the tokenizer workers the card names, unless a flag says otherwise
+    assert info.num_tokenizers == config.num_tokenizers == 1
+    three = replace(info, num_tokenizers=3)
+    assert sim_config(parser.parse_args(argv), three, 256).num_tokenizers == 3
+    flag = parser.parse_args([*argv, "--num-tokenizers", "2"])
+    assert sim_config(flag, three, 256).num_tokenizers == 2
 
 
 def test_sim_validate_prices_each_replica_s_recorded_steps(dp2: Server, tmp_path: Path) -> None:

@@ -268,6 +268,7 @@ async def models(request: Request) -> Response:
         "hardware": ctx.cfg.hardware,
         "scheduler": asdict(ctx.cfg.scheduler),
         "layout": ctx.cfg.layout,
+        "num_tokenizers": ctx.cfg.num_tokenizers,
         "dp": ctx.cfg.dp_size,
         "gpu_share": ctx.cfg.gpu_share,
         "router": asdict(ctx.cfg.router),

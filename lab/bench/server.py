@@ -4,12 +4,13 @@ Any OpenAI-compatible server answers ``GET /v1/models``; this engine's card says
 ``owned_by: engine`` and adds ``max_model_len``, ``overlap_scheduling``,
 ``scheduler`` (the core's settings as it runs them), ``dp`` (its replicas),
 ``gpu_share`` (replicas sharing each GPU), ``router`` (the router core's settings
-over them), ``layout`` (where it tokenizes: ``split`` when the card says nothing) and
-``record_steps`` (the file its step record goes to, or null), and
-its ``/metrics`` gives ``engine_kv_pages_total``. ``engine router`` passes on a
-worker's card with ``dp`` (its workers), ``workers`` (their URLs: the pages are
-read from the first one's ``/metrics``), ``router`` and ``shared_frontend`` false
-(each worker is a server of its own). Only this engine gets ``return_meta_info``.
+over them), ``layout`` (where it tokenizes: ``split`` when the card says nothing),
+``num_tokenizers`` (its tokenizer workers) and ``record_steps`` (the file its step
+record goes to, or null), and its ``/metrics`` gives ``engine_kv_pages_total``.
+``engine router`` passes on a worker's card with ``dp`` (its workers), ``workers``
+(their URLs: the pages are read from the first one's ``/metrics``), ``router`` and
+``shared_frontend`` false (each worker is a server of its own). Only this engine gets
+``return_meta_info``.
 """
 
 from __future__ import annotations
@@ -43,6 +44,7 @@ class ServerInfo:
     record_steps: str | None = None  # the file of its step record, where it keeps one
     hardware: str | None = None  # what it runs on, in a profile header's words, where it says
     layout: str = "split"  # where it tokenizes and detokenizes (engine serve --layout)
+    num_tokenizers: int | None = None  # its tokenizer workers, where it says
 
     @property
     def ours(self) -> bool:
@@ -88,6 +90,7 @@ def server_info(url: str, api_key: str | None = None, timeout: float = 30.0) -> 
     record = card.get("record_steps")
     hardware = card.get("hardware")
     layout = card.get("layout")
+    tokenizers = card.get("num_tokenizers")
     return ServerInfo(
         url=url,
         model=str(card["id"]),
@@ -104,4 +107,5 @@ def server_info(url: str, api_key: str | None = None, timeout: float = 30.0) -> 
         record_steps=record if isinstance(record, str) else None,
         hardware=hardware if isinstance(hardware, str) and hardware else None,
         layout=layout if isinstance(layout, str) and layout else "split",
+        num_tokenizers=tokenizers if isinstance(tokenizers, int) and tokenizers >= 1 else None,
     )

@@ -104,7 +104,11 @@ def add_validate_args(sub: argparse._SubParsersAction[argparse.ArgumentParser]) 
         action=argparse.BooleanOptionalAction,
         help="simulate overlap scheduling (default: as the server reports, else the config's)",
     )
-    p.add_argument("--num-tokenizers", type=int, default=1)
+    p.add_argument(
+        "--num-tokenizers",
+        type=int,
+        help="tokenizer workers to simulate (default: as the server reports, else 1)",
+    )
     p.add_argument(
         "--cpu-profile",
         metavar="FILE",
@@ -158,8 +162,8 @@ def sharing_warning(info: ServerInfo, config: SimConfig) -> str | None:
 
 def sim_config(args: argparse.Namespace, info: ServerInfo, num_pages: int) -> SimConfig:
     """The flags named after a ``SimConfig`` field, the server's model, pages, overlap mode,
-    scheduler settings, replicas, layout and router (those that neither a flag nor the config file
-    sets), the profile's ``table`` model and dtype."""
+    scheduler settings, replicas, layout, tokenizer workers and router (those that neither a
+    flag nor the config file sets), the profile's ``table`` model and dtype."""
     flags = {name: getattr(args, name) for name in CONFIG_KEYS if hasattr(args, name)}
     if flags.get("overlap") is None:
         flags["overlap"] = info.overlap
@@ -167,6 +171,8 @@ def sim_config(args: argparse.Namespace, info: ServerInfo, num_pages: int) -> Si
     server = {k: v for k, v in (info.scheduler or {}).items() if k in SCHEDULER_KEYS}
     server["replicas"] = info.dp
     server["layout"] = info.layout
+    if info.num_tokenizers is not None:
+        server["num_tokenizers"] = info.num_tokenizers
     shared = info.shared_frontend  # engine router's card: each worker its own frontend
     server["shared_frontend"] = info.dp > 1 if shared is None else shared  # engine serve --dp
     if info.router is not None:
