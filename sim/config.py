@@ -19,6 +19,12 @@ with the ``roofline`` when no such profile is committed;
 simulates the scheduling loop the profile's engine runs: overlapped for a
 profile measured on CUDA, the strict loop for one measured on CPU or without a
 profile (``overlap_by_default`` records that choice).
+
+Speculative decoding (``speculative``, as ``engine serve --speculative``): the
+scheduler is built with ``PlaceholderDrafter``, every decoding request's slot
+carries up to ``num_draft_tokens`` drafts (4 when left out, as the engine's),
+and the ``acceptance`` model says how many are accepted (``sim.costs.acceptance``;
+required: the simulator assumes none), drawn with ``seed``.
 """
 
 from __future__ import annotations
@@ -36,11 +42,17 @@ from core.scheduler import POLICIES, SchedulerConfig
 from core.settings import mem_fraction_setting, setting
 from schema.layouts import LAYOUTS
 from sim.costs import CostSpec, Profile
+from sim.costs.acceptance import DRAWS, AcceptanceModel, load_acceptance
 from sim.costs.committed import committed_profile
 from sim.costs.presets import DTYPE_BYTES, hardware, model_shape
 from sim.costs.profile import display_path, profile_device
 
 SECTIONS = ("scheduler", "model", "costs", "pipeline")
+SPECULATIVE_METHODS = ("none", "ngram")
+"""``engine serve --speculative``'s drafters (``engine.speculative.METHODS``; a test keeps them
+equal): the simulator models the named drafter by its acceptance, its drafts are placeholders."""
+DEFAULT_DRAFT_TOKENS = 4
+"""``--num-draft-tokens`` when ``--speculative`` is on and it is left out, as the engine's."""
 SCHEDULER_KEYS = frozenset(f.name for f in fields(SchedulerConfig))
 
 
@@ -96,6 +108,29 @@ class SimConfig:
     # host) it moved no validated P50/P90 by more than 1 point (one P99 by 3.6) and costs
     # 1.18x the wall time (reports/validate_h200/, reports/sim_speed/)
     frontend_loop: bool = False
+    # speculative decoding: the drafter modelled, and how many of its drafts the target accepts
+    # (sim.costs.acceptance); the scheduler's num_draft_tokens bounds a draft
+    speculative: str = setting(
+        "none",
+        "speculative decoding, as engine serve --speculative: none, or ngram (modelled by "
+        f"--acceptance; --num-draft-tokens at most, {DEFAULT_DRAFT_TOKENS} when left out)",
+        choices=SPECULATIVE_METHODS,
+    )
+    acceptance: str | None = setting(
+        None,
+        "how many draft tokens the target accepts, needed with --speculative: per-position "
+        "rates a_1,..,a_K (one rate: the same at every position), or the engine's measurement: "
+        "its /metrics page saved to a file, a JSON of accepted_lengths or rates, or its step "
+        "record (engine_steps.csv)",
+        metavar="RATES_OR_FILE",
+    )
+    acceptance_draw: str = setting(
+        "rates",
+        "rates: a slot accepts draft tokens one by one at the per-position rates; empirical: its "
+        "accepted count drawn from the measured histogram",
+        choices=DRAWS,
+    )
+    seed: int = setting(0, "seed of the simulator's random draws (accepted draft tokens)")
 
     def __post_init__(self) -> None:
         model_shape(self.model)
@@ -121,6 +156,39 @@ class SimConfig:
             value = getattr(self, name)
             if value is not None and not value > 0:
                 raise ValueError(f"{name} must be > 0")
+        self._check_speculative()
+
+    def _check_speculative(self) -> None:
+        if self.speculative not in SPECULATIVE_METHODS:
+            raise ValueError(
+                f"unknown speculative {self.speculative!r}; known: {list(SPECULATIVE_METHODS)}"
+            )
+        if self.acceptance_draw not in DRAWS:
+            raise ValueError(f"unknown acceptance_draw {self.acceptance_draw!r}; known: {DRAWS}")
+        if not self.speculating:
+            return
+        k = self.scheduler.num_draft_tokens
+        if k < 1:
+            raise ValueError(f"speculative {self.speculative} needs num_draft_tokens >= 1, got {k}")
+        if self.acceptance is None:
+            raise ValueError(
+                f"speculative {self.speculative} needs an acceptance model (--acceptance): rates, "
+                "or the engine's measurement of them; the simulator assumes none"
+            )
+        self.acceptance_model()
+
+    @property
+    def speculating(self) -> bool:
+        """Whether decode slots carry drafts (a drafter modelled; ``num_draft_tokens`` bounds
+        them). Without one the core drafts nothing, whatever ``num_draft_tokens`` says."""
+        return self.speculative != "none"
+
+    def acceptance_model(self) -> AcceptanceModel | None:
+        """The acceptance model ``acceptance`` names (None when not speculating)."""
+        if not self.speculating or self.acceptance is None:
+            return None
+        empirical = self.acceptance_draw == "empirical"
+        return load_acceptance(self.acceptance, self.scheduler.num_draft_tokens, empirical)
 
     def kv_bytes_per_token_per_gpu(self) -> float:
         return model_shape(self.model).kv_bytes_per_token(DTYPE_BYTES[self.kv_dtype], self.tp)
@@ -224,6 +292,8 @@ def build_config(file: Path | str | None = None, /, **overrides: Any) -> SimConf
     if "overlap" not in values:
         values["overlap"] = engine_overlaps(values.get("profile"))
         values["overlap_by_default"] = True
+    if values.get("speculative", "none") != "none":
+        values.setdefault("num_draft_tokens", DEFAULT_DRAFT_TOKENS)
     return SimConfig.from_flat(**values)
 
 

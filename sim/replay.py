@@ -13,7 +13,7 @@ import pandas as pd
 from tqdm import tqdm
 
 from core.router import Router
-from core.scheduler import Scheduler, SchedulerStats
+from core.scheduler import PlaceholderDrafter, Scheduler, SchedulerStats
 from schema.jsonsafe import json_safe
 from schema.metrics import summarize
 from schema.run import RunResult
@@ -21,6 +21,7 @@ from schema.tables import MemoryTable, TableWriter, TeeTable
 from schema.traces import Trace
 from sim.config import SimConfig
 from sim.costs import load_cpu_costs, make_cost_model, read_profile
+from sim.costs.acceptance import AcceptanceDraws
 from sim.costs.base import CpuCosts, GpuCostModel
 from sim.costs.colocation import read_colocation
 from sim.costs.copies import CopyCosts, copy_costs
@@ -192,7 +193,8 @@ def build_replay(
     if not as_cluster and config.replicas != 1:
         raise ValueError("the single pipeline runs one replica")
     sched_config = config.scheduler_config()
-    schedulers: list[Any] = [Scheduler(sched_config) for _ in range(config.replicas)]
+    drafter = PlaceholderDrafter() if config.speculating else None
+    schedulers: list[Any] = [Scheduler(sched_config, drafter) for _ in range(config.replicas)]
     if record_calls:
         schedulers = [RecordingScheduler(s) for s in schedulers]
     n = len(trace.requests)
@@ -204,6 +206,8 @@ def build_replay(
         copies=build_copy_costs(config),
         record_steps=record_steps,
         layout=config.layout,
+        acceptance=config.acceptance_model(),
+        seed=config.seed,
     )
     request_writer, request_memory = _kept(tables.requests, tables.keep)
     built = BuiltReplay(
@@ -293,6 +297,7 @@ def summarise(built: BuiltReplay, trace: Trace, config: SimConfig, wall0: float)
     busy_s = [r.steps.busy_s.sum() for r in replicas]
     num_steps = sum(r.steps.num_steps for r in replicas)
     fast_forward, reach = _loop_counters(replicas, config)
+    draws = [r.loop.draws for r in replicas if r.loop.draws is not None]
     built.sim, built.replicas = None, []
     del replicas
     stats = [s.stats() for s in built.schedulers]
@@ -314,6 +319,7 @@ def summarise(built: BuiltReplay, trace: Trace, config: SimConfig, wall0: float)
     }
     summary["cpu_costs"] = cpu.describe()
     summary["host_kv"] = host_kv_summary(stats, built.loop.copies)
+    summary["speculative"] = speculative_summary(config, draws)
     summary["trace"] = trace.describe()
     summary["fast_forward"] = fast_forward
     summary["replicas"] = replica_summaries(summary_columns, busy_s, stats, summary["duration_s"])
@@ -328,6 +334,23 @@ def summarise(built: BuiltReplay, trace: Trace, config: SimConfig, wall0: float)
     return ReplayResult(
         json_safe(summary), requests, steps, queues, itl, scheduler, built.router, engine_steps
     )
+
+
+def speculative_summary(config: SimConfig, draws: list[AcceptanceDraws]) -> dict[str, Any]:
+    """The drafter modelled, its acceptance model and what the replicas drew (the counters of
+    the engine's ``/metrics``, summed)."""
+    if not config.speculating:
+        return {"method": "none"}
+    total = AcceptanceDraws(draws[0].model, config.seed)
+    for d in draws:
+        total.verify_slots += d.verify_slots
+        total.draft_tokens += d.draft_tokens
+        total.accepted_tokens += d.accepted_tokens
+        for n, count in enumerate(d.accepted_lengths):
+            total.accepted_lengths += [0] * (n + 1 - len(total.accepted_lengths))
+            total.accepted_lengths[n] += count
+    method = {"method": config.speculative, "num_draft_tokens": config.num_draft_tokens}
+    return method | total.describe()
 
 
 def _loop_counters(replicas: list[Replica], config: SimConfig) -> tuple[dict[str, Any], Reach]:

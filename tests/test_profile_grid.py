@@ -5,6 +5,8 @@ request's page table, the model's context)."""
 from __future__ import annotations
 
 import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import replace
 
 from conftest import MODEL
@@ -15,12 +17,20 @@ from lab.profile.main import serve_config
 from lab.profile.steps import StepTimer, serving_runner
 
 
-def test_points_beyond_the_pool_or_a_request_are_left_out(model_ready: str) -> None:
+@contextmanager
+def cpu_timer(num_pages: int) -> Iterator[StepTimer]:
+    """A ``StepTimer`` on the CPU runner of the test model with ``num_pages`` KV pages."""
     with tempfile.TemporaryDirectory() as run_dir:
-        cfg = serve_config(["--model", MODEL, "--cpu-threads", "1", "--num-pages", "1024"], run_dir)
+        argv = ["--model", MODEL, "--cpu-threads", "1", "--num-pages", str(num_pages)]
+        cfg = serve_config(argv, run_dir)
     with serving_runner(runner_args(cfg)) as leader:
         runner = leader.runner
-        timer = StepTimer(leader, runner.page_size, runner.num_pages, cfg.vocab_size)
+        yield StepTimer(leader, runner.page_size, runner.num_pages, cfg.vocab_size)
+
+
+def test_points_beyond_the_pool_or_a_request_are_left_out(model_ready: str) -> None:
+    with cpu_timer(1024) as timer:
+        runner = timer.runner
         longest = runner.max_pages_per_seq * runner.page_size  # tokens a request may hold
         assert runner.max_pages_per_seq < runner.num_pages
         assert timer.fits(StepPoint((), (longest - 1,)))  # its new token is the last slot
@@ -70,3 +80,10 @@ def test_a_plan_takes_scattered_pages_in_the_order_given() -> None:
     taken = [p for seq in (*scattered.prefill, *scattered.decode) for p in seq.pages]
     assert len(set(taken)) == len(taken) == sum(point.sequence_pages(16))
     assert sorted(taken) == list(range(64 - len(taken), 64))
+
+
+def test_a_verify_plan_runs_on_the_cpu_runner(model_ready: str) -> None:
+    """A verify step (every slot with a draft) runs as the extends the engine lays out."""
+    with cpu_timer(256) as timer:
+        row = timer.run(StepPoint((), (60, 90), draft=2), repeats=1, warmup=0)
+    assert row.kind == "prefill" and row.shape.prefill_tokens == 6 and row.duration_s > 0

@@ -4,7 +4,8 @@ For random small traces (with and without ``hash_ids``) and configurations (each
 process layout included):
 every request completes or is rejected with a reason, timestamps are ordered,
 output lengths follow the trace, and replaying the simulator's recorded calls
-on a fresh ``Scheduler`` gives the same plans, events and decode runs.
+on a fresh ``Scheduler`` gives the same plans, events and decode runs. Some
+configurations speculate (drafts of 1 to 3 tokens, accepted at random rates).
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ import numpy as np
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from core.scheduler import POLICIES
+from core.scheduler import POLICIES, PlaceholderDrafter
 from schema.layouts import LAYOUTS
 from schema.spill import SpilledSamples
 from schema.traces import load_trace
@@ -72,6 +73,10 @@ configs = st.fixed_dictionaries(
         "num_tokenizers": st.integers(1, 3),
         "layout": st.sampled_from(LAYOUTS),
         "model": st.sampled_from(["smollm2-135m", "llama-3.1-8b"]),
+        "speculative": st.sampled_from(["none", "ngram"]),
+        "num_draft_tokens": st.integers(1, 3),
+        "acceptance": st.sampled_from(["0", "1", "0.7", "0.9,0.5,0.2"]),
+        "seed": st.integers(0, 3),
     }
 )
 
@@ -115,4 +120,5 @@ def test_sim_drives_the_core_faithfully(
 
     calls = result.scheduler.calls
     assert sum(c.name == "add" for c in calls) == len(rows)
-    assert replay_calls(calls, cfg.scheduler_config()) == []
+    drafter = PlaceholderDrafter() if cfg.speculating else None
+    assert replay_calls(calls, cfg.scheduler_config(), drafter) == []

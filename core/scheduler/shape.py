@@ -16,14 +16,22 @@ if TYPE_CHECKING:
 class StepShape:
     """The work of one model step, in the terms a step's time depends on.
 
+    A decode slot with a draft (speculative decoding) counts as the engine lays it
+    out: an extend of ``1 + len(draft)`` tokens at its ``position``, causal over its
+    context like a prefill chunk, every row sampled; ``prefill_tokens``,
+    ``prefill_attention`` and ``context_tokens`` count it, the ``decode_*`` fields
+    only the slots without one.
+
     ``context_tokens``: KV positions the step's attention reads, summed over the
-    batch (``start + length`` per prefill chunk, ``position + 1`` per decode slot).
+    batch (``start + length`` per prefill chunk or verify span, ``position + 1``
+    per decode slot).
     ``decode_context``: the decode slots' share of it (one query-key pair each).
     ``decode_padded``: KV positions of the decode slots padded to the longest
     one (decode requests x longest context), what an attention kernel that pads
     its decode batch reads.
-    ``prefill_attention``: query-key pairs of the prefill chunks (causal).
-    ``sampled``: sequences that produce logits (last prefill chunks and decodes).
+    ``prefill_attention``: query-key pairs of the prefill chunks and verify spans (causal).
+    ``sampled``: rows that produce logits (last prefill chunks, decodes, every row of a
+    verify span).
     """
 
     prefill_tokens: int
@@ -42,9 +50,16 @@ class StepShape:
             prefill_context += c.start + c.length
             attention += c.length * c.start + c.length * (c.length + 1) // 2
             sampled += c.samples
-        n_decode = len(plan.decode)
-        decode_context = longest = 0  # KV positions read: position + 1 per slot
+        n_decode = decode_context = longest = 0  # KV positions read: position + 1 per slot
         for d in plan.decode:
+            if d.draft:  # a verify span: an extend of the slot's token and its draft
+                n = 1 + len(d.draft)
+                prefill_tokens += n
+                prefill_context += d.position + n
+                attention += n * d.position + n * (n + 1) // 2
+                sampled += n
+                continue
+            n_decode += 1
             read = d.position + 1
             decode_context += read
             if read > longest:

@@ -94,7 +94,6 @@ class Detokenizer:
             out.prompt_text = state.decoder.decode([e.token_id for e in prompt])
         return out
 
-
     @staticmethod
     def _feed(state: DetokState, tokens: list[int], flush: bool) -> tuple[str, bool, int]:
         """The text of ``tokens`` that may be emitted, whether a stop string matched, and how

@@ -15,7 +15,10 @@ one context) and ragged (one request at a long context, each of
 shortest), so that a fit can tell the context read from the context padded to
 the longest request (on FlashInfer a row past 8,192 tokens among short ones is
 planned apart, or cut into pieces and run eagerly: a ``ragged_longest`` on each
-side of that length measures both). Held-out points are
+side of that length measures both). Verify steps (speculative decoding) cross
+``verify_drafts`` with the decode batches and contexts: every decode slot
+carries that many draft tokens, which the runner lays out as an extend of
+``1 + draft`` tokens at its context (none by default). Held-out points are
 drawn at random inside the same ranges, each request its own context (seeded);
 the ``table`` fit never sees them, so its error on them is an honest estimate of
 its error between grid points.
@@ -30,16 +33,20 @@ from dataclasses import dataclass
 from core.scheduler.pages import pages_for
 from core.scheduler.plan import DecodeSlot, Plan, PrefillChunk
 
+DRAFT_TOKEN = 0
+"""The token id of every draft token of a verify plan (its values do not change the work)."""
+
 
 @dataclass(frozen=True, slots=True)
 class StepPoint:
     prefill: tuple[tuple[int, int], ...]  # (start, length) per chunk
     decode: tuple[int, ...]  # position of each decode slot's new token
     split: str = "fit"
+    draft: int = 0  # draft tokens of every decode slot (a verify step)
 
     def sequence_pages(self, page_size: int) -> list[int]:
         """The pages each sequence of the point holds (prefill chunks, then decode slots)."""
-        ends = [s + n for s, n in self.prefill] + [p + 1 for p in self.decode]
+        ends = [s + n for s, n in self.prefill] + [p + 1 + self.draft for p in self.decode]
         return [pages_for(e, page_size) for e in ends]
 
     def plan(self, page_size: int, pages: Sequence[int] | None = None) -> Plan:
@@ -58,7 +65,11 @@ class StepPoint:
         prefill = tuple(
             PrefillChunk(f"p{i}", s, n, True, take(s + n)) for i, (s, n) in enumerate(self.prefill)
         )
-        decode = tuple(DecodeSlot(f"d{i}", p, take(p + 1)) for i, p in enumerate(self.decode))
+        draft = (DRAFT_TOKEN,) * self.draft
+        decode = tuple(
+            DecodeSlot(f"d{i}", p, take(p + 1 + self.draft), draft)
+            for i, p in enumerate(self.decode)
+        )
         return Plan(step=0, prefill=prefill, decode=decode)
 
 
@@ -96,8 +107,11 @@ class GridSpec:
     mixed_contexts: tuple[int, ...] = ()  # none given: the middle one of ``decode_contexts``
     ragged_longest: tuple[int, ...] = ()  # none given: the longest of ``decode_contexts``
     seed: int = 0
+    verify_drafts: tuple[int, ...] = ()  # draft tokens per slot of verify steps; none: none
 
     def __post_init__(self) -> None:
+        if any(k < 1 for k in self.verify_drafts):
+            raise ValueError(f"verify drafts must be >= 1, got {self.verify_drafts}")
         if not self.mixed_contexts:
             middle = sorted(self.decode_contexts)[len(self.decode_contexts) // 2]
             object.__setattr__(self, "mixed_contexts", (middle,))
@@ -141,6 +155,10 @@ class GridSpec:
             for context in self.decode_contexts:
                 out.append(StepPoint((), (context,) * batch))
             out += [StepPoint((), ragged) for ragged in self.ragged(batch)]
+        for draft in self.verify_drafts:
+            for batch in self.decode_batches:
+                for context in self.decode_contexts:
+                    out.append(StepPoint((), (context,) * batch, draft=draft))
         for prefix in self.mixed_prefixes:
             for tokens in self.mixed_prefill:
                 for batch in self.mixed_batches:
@@ -156,7 +174,8 @@ class GridSpec:
         return [(longest,) + (shortest,) * (batch - 1) for longest in self.ragged_longest]
 
     def holdout_points(self) -> list[StepPoint]:
-        """Random points inside the grid's ranges: a third each decode, prefill, mixed."""
+        """Random points inside the grid's ranges: a third each decode, prefill, mixed (a
+        quarter each and verify, with ``verify_drafts``)."""
         rng = random.Random(self.seed)
         out: list[StepPoint] = []
 
@@ -166,9 +185,13 @@ class GridSpec:
         def contexts(batches: tuple[int, ...]) -> tuple[int, ...]:
             return tuple(between(self.decode_contexts) for _ in range(between(batches)))
 
+        kinds = 4 if self.verify_drafts else 3
         for i in range(self.holdout):
-            kind = i % 3
-            if kind == 0:
+            kind = i % kinds
+            if kind == 3:
+                draft = rng.choice(self.verify_drafts)
+                out.append(StepPoint((), contexts(self.decode_batches), "holdout", draft))
+            elif kind == 0:
                 out.append(StepPoint((), contexts(self.decode_batches), "holdout"))
             elif kind == 1:
                 chunks = rng.choice(self.prefill_chunks)

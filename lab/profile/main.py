@@ -64,6 +64,11 @@ GRID_FLAGS = (
         "context of the long request of ragged decode and mixed rows, the "
         "others at the shortest decode context (default: the longest decode context)",
     ),
+    (
+        "verify-drafts",
+        "draft tokens of every decode slot of verify steps (speculative decoding), each crossed "
+        "with the decode batches and contexts (default: none)",
+    ),
 )
 
 
@@ -212,7 +217,8 @@ def run_points(
 
 
 def describe_grid(spec: GridSpec, args: argparse.Namespace) -> str:
-    parts = [f"{f}={','.join(map(str, getattr(spec, f.replace('-', '_'))))}" for f, _ in GRID_FLAGS]
+    values = [(f, getattr(spec, f.replace("-", "_"))) for f, _ in GRID_FLAGS]
+    parts = [f"{f}={','.join(map(str, v))}" for f, v in values if v]  # no verify: none shown
     pages = "scattered" if args.scatter_pages else "contiguous"
     return " ".join([*parts, f"holdout={spec.holdout}", f"repeats={args.repeats}",
                      f"warmup={args.warmup}", f"pages={pages}"])  # fmt: skip
@@ -260,7 +266,10 @@ def profile_main(argv: list[str] | None = None) -> int:
     refusal = overwrite_refusal(args.out, here)
     if refusal and not args.overwrite:
         parser.exit(2, f"engine profile: error: {refusal}\n")
-    spec = grid_spec(args, cfg.device)
+    try:
+        spec = grid_spec(args, cfg.device)
+    except ValueError as exc:
+        parser.exit(2, f"engine profile: error: {exc}\n")
     recorded: list[RecordedStep] = []
     if args.plans_from is not None:
         try:

@@ -15,6 +15,7 @@ from typing import Any
 
 from core.scheduler import (
     DecodeRun,
+    Drafter,
     Event,
     Plan,
     Request,
@@ -67,9 +68,12 @@ class RecordingScheduler:
         self.calls.append(Call("schedule", (now,), plan))
         return plan
 
-    def complete(self, plan: Plan, tokens: dict[str, int] | None) -> list[Event]:
-        events = self.inner.complete(plan, tokens)
-        self.calls.append(Call("complete", (plan.step,), tuple(events)))
+    def complete(
+        self, plan: Plan, tokens: dict[str, int] | None, *, accepted: dict[str, int] | None = None
+    ) -> list[Event]:
+        events = self.inner.complete(plan, tokens, accepted=accepted)
+        args = (plan.step,) if accepted is None else (plan.step, accepted)
+        self.calls.append(Call("complete", args, tuple(events)))
         return events
 
     def decode_run_length(self, max_steps: int) -> int:
@@ -83,9 +87,12 @@ class RecordingScheduler:
         return run
 
 
-def replay_calls(calls: list[Call], config: SchedulerConfig) -> list[str]:
-    """Replay ``calls`` on a fresh scheduler; return the mismatches (empty when equal)."""
-    s = Scheduler(config)
+def replay_calls(
+    calls: list[Call], config: SchedulerConfig, drafter: Drafter | None = None
+) -> list[str]:
+    """Replay ``calls`` on a fresh scheduler (with ``drafter``, as the simulated one had);
+    return the mismatches (empty when equal)."""
+    s = Scheduler(config, drafter)
     plans: dict[int, Plan] = {}
     problems: list[str] = []
     for i, call in enumerate(calls):
@@ -102,7 +109,8 @@ def replay_calls(calls: list[Call], config: SchedulerConfig) -> list[str]:
             got = s.schedule(*call.args)
             plans[got.step] = got
         elif call.name == "complete":
-            got = tuple(s.complete(plans.pop(call.args[0]), None))
+            accepted = call.args[1] if len(call.args) > 1 else None
+            got = tuple(s.complete(plans.pop(call.args[0]), None, accepted=accepted))
         elif call.name == "decode_run_length":
             got = s.decode_run_length(*call.args)
         elif call.name == "advance_decode":

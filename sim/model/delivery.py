@@ -16,6 +16,11 @@ derives each request's client-side times:
   gaps between consecutive chunks, and its detokenize time sums its steps'
   ``depart - arrive``.
 
+A step that verified a draft (speculative decoding) gives a request several
+tokens in one chunk, as the engine sends them in one message: each extra
+token adds to the request's output tokens and to the detokenizer's work, not
+to the chunks streamed nor to the ITL gaps.
+
 What a request gathers over flushes sits in ``RequestTotals``, shared by the
 replicas of a cluster. Flushing every few steps or once at the end gives the
 same floats: the queues carry their state, a block is never split, and the
@@ -91,19 +96,25 @@ class TokenDelivery:
         self._lengths = array("q")  # per block (a step, or a run of steps): its steps
         self._batch = array("q")  # per block: requests that get a token each step
         self._members = array("q")  # request indices, block after block
+        self._extra_steps = array("q")  # per extra token of a chunk: its step (since the flush)
+        self._extra_members = array("q")  # and its request
 
     @property
     def pending(self) -> int:
         """Steps recorded and not yet flushed."""
         return self.num_steps - self.delivered_steps
 
-    def step(self, end: float, members: list[int]) -> int:
-        """One step that gave one token to each of ``members``; returns its step number."""
+    def step(self, end: float, members: list[int], extra: list[int] | None = None) -> int:
+        """One step that gave a chunk to each of ``members``: one token, and one more for each
+        time a member is in ``extra`` (verified drafts); returns its step number."""
         g = self.num_steps
         self._ends.append(end)
         self._lengths.append(1)
         self._batch.append(len(members))
         self._members.extend(members)
+        if extra:
+            self._extra_steps.extend([g - self.delivered_steps] * len(extra))
+            self._extra_members.extend(extra)
         self.num_steps = g + 1
         return g
 
@@ -125,15 +136,22 @@ class TokenDelivery:
         lengths = np.frombuffer(self._lengths, dtype=np.int64)
         batch = np.frombuffer(self._batch, dtype=np.int64)
         server = np.frombuffer(self._ends, dtype=np.float64).copy()
-        per_step = np.repeat(batch, lengths)
-        detok, client = self._to_client(server, per_step)
-        del per_step
+        per_step = np.repeat(batch, lengths)  # chunks
+        tokens = per_step
+        extra = np.frombuffer(self._extra_members, dtype=np.int64)
+        if len(extra):
+            tokens = per_step.copy()
+            np.add.at(tokens, np.frombuffer(self._extra_steps, dtype=np.int64), 1)
+        detok, client = self._to_client(server, tokens, per_step)
+        del per_step, tokens
         first = np.cumsum(lengths) - lengths  # first step of each block
         block_detok = np.add.reduceat(detok, first) if len(detok) else np.zeros(0)
         del detok
         # one chunk group per (block, member): request g_req has steps [g_first, g_last]
         g_req = np.frombuffer(self._members, dtype=np.int64).copy()
         np.add.at(t.output_tokens, g_req, np.repeat(lengths, batch))
+        if len(extra):
+            np.add.at(t.output_tokens, extra, 1)
         np.add.at(t.detokenize_s, g_req, np.repeat(block_detok, batch))  # in block order
         g_first = np.repeat(first, batch)
         g_last = np.repeat(first + lengths - 1, batch)
@@ -147,23 +165,28 @@ class TokenDelivery:
         self._clear()
         return chunk
 
-    def _to_client(self, server: np.ndarray, per_step: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """Per step (``per_step`` tokens each, leaving the engine at ``server``): its time in
-        detokenization, and when its chunk reaches the client (module docstring)."""
+    def _to_client(
+        self, server: np.ndarray, tokens: np.ndarray, chunks: np.ndarray
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """Per step (``tokens`` in ``chunks`` each, leaving the engine at ``server``): its time
+        in detokenization, and when its chunks reach the client (module docstring)."""
         ipc, detokenize, stream = self.ipc, self.detokenize_per_token, self.stream_per_token
         if self.layout == "frontend":
             arrive = server + ipc
-            client = serve_fifo(arrive, per_step * (detokenize + stream), self.detokenizer)
+            # (one token a chunk: the same floats as before drafts existed)
+            same = tokens is chunks
+            work = chunks * (detokenize + stream) if same else tokens * detokenize + chunks * stream
+            client = serve_fifo(arrive, work, self.detokenizer)
             return client - arrive, client
         if self.layout == "inline":
-            detok, client = per_step * detokenize, server + ipc
+            detok, client = tokens * detokenize, server + ipc
         else:
             arrive = server + ipc
-            depart = serve_fifo(arrive, per_step * detokenize, self.detokenizer)
+            depart = serve_fifo(arrive, tokens * detokenize, self.detokenizer)
             detok = np.subtract(depart, arrive, out=arrive)
             client = np.add(depart, ipc, out=depart)
         if stream > 0:
-            client = serve_fifo(client, per_step * stream, self.frontend)
+            client = serve_fifo(client, chunks * stream, self.frontend)
         return detok, client
 
     def _gaps_between(

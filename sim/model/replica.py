@@ -235,16 +235,21 @@ class Replica:
         )
 
     def handle_events(self, plan: Plan, events: list[Any], end: float) -> None:
-        """Count a step's events; its tokens are timed to the client by ``deliver``."""
+        """Count a step's events; its tokens are timed to the client by ``deliver`` (a request's
+        tokens of one step, several after a verified draft, go in one chunk)."""
         g = self.delivery.num_steps
         members: list[int] = []
+        extra: list[int] = []  # one more token of the chunk of a request (a verified draft)
         finished: list[int] = []
         index, times = self.index, self.times
         for e in events:
             i = index[e.rid]
             kind = type(e)
             if kind is TokenOut:
-                members.append(i)
+                if members and members[-1] == i:  # a slot's tokens come one after another
+                    extra.append(i)
+                else:
+                    members.append(i)
                 if e.first:
                     self.first_step[i] = g
             elif kind is Finished:
@@ -256,7 +261,7 @@ class Replica:
             elif kind is Preempted:
                 self.preemptions[i] += 1
         if members:
-            self.delivery.step(end, members)
+            self.delivery.step(end, members, extra)
             self.stream_tokens((end,), len(members))
             for i in finished:
                 self.finish_step[i] = g

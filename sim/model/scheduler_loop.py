@@ -36,6 +36,13 @@ with overlap the GPU idles once the step in flight ends. After completing a
 step it detokenizes that step's tokens (``detokenize`` per token) before it goes
 on; they leave then. In ``split`` and ``frontend`` other processes do both.
 
+Speculative decoding (``LoopSettings.acceptance``): the core, built with the
+placeholder drafter, gives decode slots drafts; the loop prices such a step by
+its shape (a slot with a draft is an extend of its token and draft, as the
+engine lays it out), draws how many drafts each slot accepts when it prices
+it (``sim.costs.acceptance``), and passes them to ``complete``. The core keeps
+speculating steps out of decode runs.
+
 Fast-forward: when the core says the next k steps are identical pure-decode
 steps (with overlap: and a pure decode is in flight), the loop prices all k
 with numpy and waits for the run's end or for a request reaching the
@@ -59,6 +66,7 @@ import simpy
 
 from core.scheduler import DecodeRun, Plan, SchedulerStats, TokenOut
 from core.scheduler.shape import StepShape
+from sim.costs.acceptance import AcceptanceDraws, AcceptanceModel
 from sim.costs.base import CpuCosts, GpuCostModel
 from sim.costs.colocation import kind_of
 from sim.costs.copies import CopyCosts
@@ -73,10 +81,12 @@ Stepping = Generator[simpy.Event, Any, "Launched | None"]  # returns the plan le
 
 @dataclass(frozen=True, slots=True)
 class Launched:
-    """A plan on the simulated GPU, and when its GPU work ends."""
+    """A plan on the simulated GPU, when its GPU work ends, and the draft tokens each of its
+    slots with a draft will have accepted (None: it verifies none)."""
 
     plan: Plan
     end: float
+    accepted: dict[str, int] | None = None
 
 
 class LoopHost(Protocol):
@@ -109,6 +119,8 @@ class LoopSettings:
     copies: CopyCosts | None = None  # prices of the host tier's copies; None: no tier
     record_steps: bool = False  # keep the step record (``sim.model.step_record``)
     layout: str = "split"  # the engine's process layout (``schema.layouts.LAYOUTS``)
+    acceptance: AcceptanceModel | None = None  # speculative decoding: drafts accepted
+    seed: int = 0  # of the acceptance draws
 
     def copy_time(self, plan: Plan, page_size: int) -> float:
         """The time of ``plan``'s copies: its writes, then its loads."""
@@ -142,7 +154,10 @@ class SimSchedulerLoop:
         self.interruptible = False
         self.seat: Seat | None = None  # this replica's place on a GPU shared with others
         self._in_run = False  # waiting out a decode run that cut_run may cut
-        self.record = StepRecordLog() if settings.record_steps else None
+        acceptance = settings.acceptance
+        self.draws = None if acceptance is None else AcceptanceDraws(acceptance, settings.seed)
+        speculative = acceptance is not None
+        self.record = StepRecordLog(speculative) if settings.record_steps else None
         self.reach = Reach()  # the largest steps priced (``sim.costs.reach``)
         self._counts = (0, 0)  # waiting and running before the last schedule (when recorded)
 
@@ -199,6 +214,7 @@ class SimSchedulerLoop:
             return
         start = env.now
         shape = StepShape.of_plan(plan)
+        accepted = self._accepted(plan)
         schedule = self.cpu.schedule_time(plan.batch_size)
         if self.seat is None:  # the step's time alone (its device part priced only if shared)
             duration = copies + self.gpu.step_time(shape) + schedule
@@ -211,11 +227,12 @@ class SimSchedulerLoop:
             launched = start + schedule
             times = (start, launched, launched, start + duration)
             self.record.add(
-                plan.step, times, math.nan, False, self._counts, len(plan.prefill), shape
-            )
+                plan.step, times, math.nan, False, self._counts, len(plan.prefill), shape,
+                _drafts(plan, accepted),
+            )  # fmt: skip
         stats = s.stats()
         yield env.timeout(duration)
-        events = s.complete(plan, None)
+        events = self._complete(plan, accepted)
         detok = self._detokenize_time(events)
         if detok:
             yield env.timeout(detok)
@@ -245,17 +262,18 @@ class SimSchedulerLoop:
         if shape is not None:
             p.record_step(plan, shape, start, gpu, stats)
             self.reach.widen(shape)
-            launched = Launched(plan, start + gpu)
+            launched = Launched(plan, start + gpu, self._accepted(plan))
             if self.record is not None:
                 times = (now, now + schedule, launch, start + gpu)
                 in_flight = prev is not None and launch < prev.end
                 self.record.add(
-                    plan.step, times, gpu, in_flight, self._counts, len(plan.prefill), shape
-                )
+                    plan.step, times, gpu, in_flight, self._counts, len(plan.prefill), shape,
+                    _drafts(plan, launched.accepted),
+                )  # fmt: skip
         if free > env.now:
             yield env.timeout(free - env.now)
         if prev is not None:
-            events = s.complete(prev.plan, None)
+            events = self._complete(prev.plan, prev.accepted)
             detok = self._detokenize_time(events)
             if detok:
                 yield env.timeout(detok)
@@ -267,6 +285,17 @@ class SimSchedulerLoop:
             if prev is None:
                 yield from self._stalled()
         return launched
+
+    def _accepted(self, plan: Plan) -> dict[str, int] | None:
+        """The draft tokens each of ``plan``'s slots with a draft accepts (speculative decoding;
+        drawn as the step is priced, applied when it completes)."""
+        return None if self.draws is None else self.draws.draw(plan)
+
+    def _complete(self, plan: Plan, accepted: dict[str, int] | None) -> list[Any]:
+        """``complete`` the step (no tokens: simulation), with its drafts' accepted counts."""
+        if accepted is None:
+            return self.sched.complete(plan, None)  # type: ignore[no-any-return]
+        return self.sched.complete(plan, None, accepted=accepted)  # type: ignore[no-any-return]
 
     def _detokenize_time(self, events: list[Any]) -> float:
         """Inline: how long the loop takes to turn a completed step's tokens into text, before
@@ -420,3 +449,8 @@ class SimSchedulerLoop:
         self.steps_in_runs += run.k
         self.p.tokens_of_run(run.rids, token_times)
         self.p.record_run(run, starts, durations, stats)
+
+
+def _drafts(plan: Plan, accepted: dict[str, int] | None) -> tuple[int, int]:
+    """A step's draft tokens and those accepted (the speculating engine's record columns)."""
+    return plan.num_draft_tokens, sum(accepted.values()) if accepted else 0

@@ -17,7 +17,9 @@ the simulated clock's times (seconds from the run's start):
 ``num_waiting`` and ``num_running`` are the core's counts just before ``schedule``. A fast-forwarded
 decode run is expanded with numpy as it is added (its shapes grow by one token
 a request per step), so the record costs a few array appends per step; it is
-kept only when asked for (``LoopSettings.record_steps``).
+kept only when asked for (``LoopSettings.record_steps``). A speculating replay
+adds ``SPECULATIVE_COLUMNS`` as the speculating engine does: the draft tokens a
+step fed and those its draws accepted.
 """
 
 from __future__ import annotations
@@ -28,18 +30,21 @@ import numpy as np
 import pandas as pd
 
 from core.scheduler.shape import StepShape
-from schema.steprecord import SHAPE_COLUMNS, STEP_RECORD_COLUMNS
+from schema.steprecord import SHAPE_COLUMNS, SPECULATIVE_COLUMNS, STEP_RECORD_COLUMNS
 
 TIME_COLUMNS = ("schedule_start", "schedule_end", "launched", "done", "device_ms")
 INT_COLUMNS = tuple(c for c in STEP_RECORD_COLUMNS if c not in (*TIME_COLUMNS, "enqueued"))
 
 
 class StepRecordLog:
-    """Rows of ``engine_steps.csv`` in step order, column by column."""
+    """Rows of ``engine_steps.csv`` in step order, column by column (``speculative``: with the
+    draft columns)."""
 
-    def __init__(self) -> None:
+    def __init__(self, speculative: bool = False) -> None:
         self._floats = {c: array("d") for c in TIME_COLUMNS}
-        self._ints = {c: array("q") for c in INT_COLUMNS}
+        extra = SPECULATIVE_COLUMNS if speculative else ()
+        self._ints = {c: array("q") for c in (*INT_COLUMNS, *extra)}
+        self.columns = [*STEP_RECORD_COLUMNS, *extra]
 
     def add(
         self,
@@ -50,8 +55,10 @@ class StepRecordLog:
         waiting_running: tuple[int, int],
         prefill_requests: int,
         shape: StepShape,
+        drafts: tuple[int, int] = (0, 0),
     ) -> None:
-        """One step: ``times`` = (schedule_start, schedule_end, launched, done)."""
+        """One step: ``times`` = (schedule_start, schedule_end, launched, done); ``drafts``: its
+        draft tokens and those accepted (kept when speculative)."""
         f, i = self._floats, self._ints
         for name, t in zip(TIME_COLUMNS, times, strict=False):
             f[name].append(t)
@@ -63,6 +70,9 @@ class StepRecordLog:
         i["prefill_requests"].append(prefill_requests)
         for name in SHAPE_COLUMNS:
             i[name].append(getattr(shape, name))
+        if "draft_tokens" in i:
+            i["draft_tokens"].append(drafts[0])
+            i["accepted_tokens"].append(drafts[1])
 
     def add_run(
         self,
@@ -98,12 +108,14 @@ class StepRecordLog:
         }
         for name, values in columns.items():
             i[name].frombytes(values.tobytes())
+        for name in set(i) - columns.keys():  # the draft columns: a run verifies no draft
+            i[name].frombytes(np.zeros(k, dtype=np.int64).tobytes())
 
     def frame(self) -> pd.DataFrame:
-        """All rows, columns in ``STEP_RECORD_COLUMNS`` order. A simulated step's host work
-        all comes before its device work, so it is handed to the device when launched
-        (``enqueued`` = ``launched``)."""
+        """All rows, columns in ``STEP_RECORD_COLUMNS`` order (then the draft columns). A
+        simulated step's host work all comes before its device work, so it is handed to the
+        device when launched (``enqueued`` = ``launched``)."""
         data = {c: np.frombuffer(a, dtype=np.float64) for c, a in self._floats.items()}
         data["enqueued"] = data["launched"]
         data |= {c: np.frombuffer(a, dtype=np.int64) for c, a in self._ints.items()}
-        return pd.DataFrame(data, columns=list(STEP_RECORD_COLUMNS))
+        return pd.DataFrame(data, columns=self.columns)

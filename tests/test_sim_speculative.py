@@ -1,0 +1,365 @@
+"""The simulator's speculative decoding: the acceptance model, its draws and what informs it,
+replays with drafts, the sweep's grid and the profile's verify plans."""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import replace
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+from prometheus_client import CollectorRegistry, generate_latest
+
+from core.scheduler import PLACEHOLDER_TOKEN, DecodeSlot, PlaceholderDrafter, Plan
+from core.scheduler.shape import StepShape
+from engine.ipc.messages import SpeculativeStats
+from engine.server.speculative_metrics import SpeculativeCollector
+from engine.speculative import DEFAULT_DRAFT_TOKENS, METHODS
+from lab.profile.grid import GridSpec, StepPoint
+from lab.sweep.grid import check_grid
+from lab.sweep.sweep import plan_grid
+from schema.steprecord import SPECULATIVE_COLUMNS, read_step_record
+from schema.traces import load_trace
+from sim.config import DEFAULT_DRAFT_TOKENS as SIM_DEFAULT_DRAFT_TOKENS
+from sim.config import SPECULATIVE_METHODS, build_config
+from sim.costs.acceptance import AcceptanceDraws, AcceptanceModel, load_acceptance
+from sim.model.calls import replay_calls
+from sim.replay import run_replay
+
+PROFILE = "profiles/cpu-xeon-2core_smollm2-135m.csv"
+
+
+def slots_plan(n: int, k: int, seed: int = 0) -> Plan:
+    """``n`` draft slots of ``k`` drafts, of requests and positions drawn at random."""
+    rng = np.random.default_rng(seed)
+    draft = (PLACEHOLDER_TOKEN,) * k
+    decode = tuple(
+        DecodeSlot(f"r{rng.integers(1 << 40)}", int(rng.integers(1, 10_000)), (), draft)
+        for _ in range(n)
+    )
+    return Plan(step=1, decode=decode)
+
+
+def survival(counts: list[int]) -> np.ndarray:
+    """P(accepted >= i) for i = 1 .., from counts of accepted lengths."""
+    c = np.asarray(counts, dtype=np.float64)
+    return np.cumsum(c[::-1])[::-1][1:] / c.sum()
+
+
+# ---------------------------------------------------------------- the model and its draws
+def test_draws_follow_the_per_position_rates() -> None:
+    rates = (0.9, 0.7, 0.5, 0.3)
+    draws = AcceptanceDraws(AcceptanceModel.of_rates(rates), seed=7)
+    got = draws.draw(slots_plan(20_000, 4))
+    assert got is not None and len(got) == 20_000
+    assert set(got.values()) <= set(range(5))
+    want = np.cumprod(rates)  # P(n >= i) = a_1 .. a_i
+    assert np.abs(survival(draws.accepted_lengths) - want).max() < 0.02
+    assert draws.verify_slots == 20_000 and draws.draft_tokens == 80_000
+    assert draws.accepted_tokens == sum(got.values())
+    # a slot with fewer drafts accepts at most those, at the first rates
+    short = AcceptanceDraws(AcceptanceModel.of_rates(rates), seed=7)
+    two = short.draw(slots_plan(20_000, 2, seed=1))
+    assert two is not None and max(two.values()) == 2
+    assert np.abs(survival(short.accepted_lengths) - want[:2]).max() < 0.02
+
+
+def test_a_single_rate_is_geometric_at_any_length() -> None:
+    model = AcceptanceModel.of_rate(0.6)
+    model.check_covers(64)
+    draws = AcceptanceDraws(model, seed=3)
+    draws.draw(slots_plan(20_000, 6))
+    assert np.abs(survival(draws.accepted_lengths) - 0.6 ** np.arange(1, 7)).max() < 0.02
+
+
+def test_draws_are_deterministic_and_keyed_by_request_and_position() -> None:
+    model = AcceptanceModel.of_rates((0.8, 0.5, 0.2))
+    plan = slots_plan(500, 3)
+    a = AcceptanceDraws(model, seed=1).draw(plan)
+    assert a == AcceptanceDraws(model, seed=1).draw(plan)
+    shuffled = replace(plan, decode=plan.decode[::-1])  # batch order does not matter
+    assert a == AcceptanceDraws(model, seed=1).draw(shuffled)
+    assert a != AcceptanceDraws(model, seed=2).draw(plan)
+    assert AcceptanceDraws(model).draw(Plan(step=1, decode=(DecodeSlot("x", 3, ()),))) is None
+
+
+def test_rates_of_a_histogram_recover_known_rates() -> None:
+    rates = np.array([0.85, 0.6, 0.45, 0.2])
+    reach = np.concatenate(([1.0], np.cumprod(rates)))  # P(n >= i), i = 0 .. 4
+    pmf = reach - np.append(reach[1:], 0.0)
+    counts = [round(p * 1e7) for p in pmf]
+    model = AcceptanceModel.of_histogram(counts)
+    assert np.allclose(model.rates, rates, atol=1e-5)
+    # and from the histogram of the model's own draws
+    draws = AcceptanceDraws(AcceptanceModel.of_rates(tuple(rates)), seed=11)
+    draws.draw(slots_plan(40_000, 4))
+    assert (
+        np.abs(np.array(AcceptanceModel.of_histogram(draws.accepted_lengths).rates) - rates).max()
+        < 0.03
+    )
+    # a position no slot reached gets rate 0
+    assert AcceptanceModel.of_histogram([5, 5, 0, 0]).rates == (0.5, 0.0, 0.0)
+
+
+def test_empirical_draws_follow_the_histogram() -> None:
+    counts = [30, 10, 20, 40]  # K = 3
+    model = AcceptanceModel.of_histogram(counts, empirical=True)
+    draws = AcceptanceDraws(model, seed=5)
+    draws.draw(slots_plan(20_000, 3))
+    got = np.array(draws.accepted_lengths) / 20_000
+    assert np.abs(got - np.array(counts) / 100).max() < 0.02
+    # two drafts: the mass past 2 lumps at 2
+    short = AcceptanceDraws(model, seed=5)
+    short.draw(slots_plan(20_000, 2, seed=2))
+    assert np.abs(np.array(short.accepted_lengths) / 20_000 - [0.3, 0.1, 0.6]).max() < 0.02
+
+
+@pytest.mark.parametrize(
+    ("spec", "k", "message"),
+    [
+        ("1.2", 2, "must be in [0, 1]"),
+        ("0.5,-0.1", 2, "must be in [0, 1]"),
+        ("nan", 1, "must be in [0, 1]"),
+        ("0.9,0.8", 4, "covers 2 draft positions"),
+        ("fast", 2, "neither comma-separated rates"),
+        ("", 2, "no rate given"),
+    ],
+)
+def test_bad_acceptance_is_a_clear_error(spec: str, k: int, message: str) -> None:
+    with pytest.raises(ValueError, match=message.replace("[", r"\[").replace("]", r"\]")):
+        load_acceptance(spec, k)
+
+
+def test_histogram_inputs_are_checked() -> None:
+    with pytest.raises(ValueError, match="counts no verify slot"):
+        AcceptanceModel.of_histogram([0, 0, 0])
+    with pytest.raises(ValueError, match="integer >= 0"):
+        AcceptanceModel.of_histogram([3, -1])
+    with pytest.raises(ValueError, match="empirical draws need"):
+        load_acceptance("0.5", 1, empirical=True)
+
+
+# ---------------------------------------------------------------- what the engine measured
+def metrics_page(accepted_lengths: list[int], k: int, replicas: int = 2) -> str:
+    """The engine's ``/metrics`` text of its speculative collector, over ``replicas``."""
+    registry = CollectorRegistry()
+    collector = SpeculativeCollector("m", k)
+    for replica in range(replicas):
+        stats = SpeculativeStats(
+            sum(accepted_lengths), k * sum(accepted_lengths), 0, list(accepted_lengths)
+        )
+        collector.update(replica, stats)
+    registry.register(collector)
+    return generate_latest(registry).decode()
+
+
+def test_the_engines_metrics_page_informs_the_model(tmp_path: Path) -> None:
+    path = tmp_path / "metrics.txt"
+    path.write_text(metrics_page([50, 30, 15, 5], k=4))  # no slot accepted all 4
+    model = load_acceptance(str(path), 4)
+    assert model.histogram == (100, 60, 30, 10, 0)  # two replicas summed, K from the buckets
+    assert model.rates == pytest.approx((0.5, 0.4, 0.25, 0.0))
+    assert load_acceptance(str(path), 3, empirical=True).empirical
+    with pytest.raises(ValueError, match="covers 4"):
+        load_acceptance(str(path), 5)
+    empty = tmp_path / "plain.txt"
+    empty.write_text("# HELP other\nother_total 3\n")
+    with pytest.raises(ValueError, match="no engine_spec_decode_accepted_length"):
+        load_acceptance(str(empty), 2)
+
+
+def test_json_rates_or_accepted_lengths(tmp_path: Path) -> None:
+    rates = tmp_path / "rates.json"
+    rates.write_text(json.dumps({"rates": [0.9, 0.5]}))
+    assert load_acceptance(str(rates), 2).rates == (0.9, 0.5)
+    stats = tmp_path / "stats.json"
+    stats.write_text(json.dumps({"accepted_lengths": [2, 2], "num_draft_tokens": 3}))
+    assert load_acceptance(str(stats), 3).rates == (0.5, 0.0, 0.0)
+    bad = tmp_path / "bad.json"
+    bad.write_text(json.dumps([1, 2]))
+    with pytest.raises(ValueError, match="'rates' or 'accepted_lengths'"):
+        load_acceptance(str(bad), 1)
+
+
+def test_a_step_record_gives_one_rate_by_its_sums(tmp_path: Path) -> None:
+    trace = tiny_trace(tmp_path, n=6, output=40)
+    cfg = build_config(model="smollm2-135m", profile=PROFILE, speculative="ngram",
+                       acceptance="0.7", num_draft_tokens=3)  # fmt: skip
+    result = run_replay(trace, cfg, progress=False, record_steps=True)
+    record = result.engine_steps
+    assert record is not None and list(record.columns[-2:]) == list(SPECULATIVE_COLUMNS)
+    path = tmp_path / "engine_steps.csv"
+    record.to_csv(path, index=False)
+    frame = read_step_record(path)  # the engine's schema reads the simulator's record
+    assert frame["draft_tokens"].sum() == result.summary["speculative"]["draft_tokens"]
+    model = load_acceptance(str(path), 3)
+    assert model.geometric and model.rates[0] == pytest.approx(0.7, abs=0.1)
+    no_drafts = tmp_path / "plain.csv"
+    record.drop(columns=list(SPECULATIVE_COLUMNS)).to_csv(no_drafts, index=False)
+    with pytest.raises(ValueError, match="not a speculating engine's"):
+        load_acceptance(str(no_drafts), 3)
+
+
+# ---------------------------------------------------------------- replays
+def tiny_trace(tmp_path: Path, n: int = 1, output: int = 41, gap_ms: float = 0.0):  # type: ignore[no-untyped-def]
+    path = tmp_path / f"trace{n}_{output}.jsonl"
+    rows = [
+        {"timestamp": i * gap_ms, "input_length": 64, "output_length": output} for i in range(n)
+    ]
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return load_trace(path)
+
+
+def replay(trace, **kw):  # type: ignore[no-untyped-def]
+    kw.setdefault("overlap", False)
+    cfg = build_config(model="smollm2-135m", profile=PROFILE, **kw)
+    return run_replay(trace, cfg, progress=False, record_calls=True)
+
+
+@pytest.mark.parametrize("overlap", [False, True])
+def test_full_acceptance_decodes_k_plus_one_tokens_a_step(tmp_path: Path, overlap: bool) -> None:
+    out, k = 41, 4
+    trace = tiny_trace(tmp_path, output=out)
+    plain = replay(trace, overlap=overlap)
+    fast = replay(trace, speculative="ngram", acceptance="1", num_draft_tokens=k, overlap=overlap)
+    assert list(fast.requests["output_tokens"]) == [out]
+    # the prefill samples the first token; each verify step then gives k + 1 (the draft
+    # limit shortens the last); with overlap a request with a draft in flight sits out a step
+    verify = math.ceil((out - 1) / (k + 1))
+    assert len(fast.steps) == 1 + verify
+    assert len(plain.steps) == out
+    summary = fast.summary["speculative"]
+    assert summary["acceptance_rate"] == 1.0 and summary["verify_slots"] == verify
+    # a step's tokens reach the client in one chunk: ITL has a gap per step, not per token
+    assert fast.itl_s.load().counts.sum() == verify
+    assert plain.itl_s.load().counts.sum() == out - 1
+    assert fast.summary["tpot_ms"]["mean"] < plain.summary["tpot_ms"]["mean"]
+
+
+def test_no_acceptance_takes_as_many_steps_as_plain_decoding(tmp_path: Path) -> None:
+    trace = tiny_trace(tmp_path, n=3, output=30, gap_ms=5.0)
+    plain = replay(trace)
+    none = replay(trace, speculative="ngram", acceptance="0", num_draft_tokens=3)
+    assert len(none.steps) == len(plain.steps)
+    assert list(none.requests["output_tokens"]) == list(plain.requests["output_tokens"])
+    assert none.summary["speculative"]["accepted_tokens"] == 0
+    drafted = none.steps["step"].isin(
+        [c.args[0] for c in none.scheduler.calls if c.name == "complete" and len(c.args) > 1]
+    )
+    assert drafted.sum() > 0
+
+
+def test_verify_steps_are_priced_as_the_extends_they_are(tmp_path: Path) -> None:
+    trace = tiny_trace(tmp_path, n=3, output=30, gap_ms=5.0)
+    plain = replay(trace)
+    none = replay(trace, speculative="ngram", acceptance="0", num_draft_tokens=3)
+    assert len(none.steps) == len(plain.steps)
+    # a slot with 3 drafts is an extend of 4 tokens: prefill tokens, dearer than a decode
+    assert none.steps["prefill_tokens"].sum() > plain.steps["prefill_tokens"].sum()
+    assert none.steps["duration_s"].sum() > plain.steps["duration_s"].sum()
+    assert none.summary["tpot_ms"]["mean"] > plain.summary["tpot_ms"]["mean"]
+
+
+def test_speculation_off_is_the_plain_replay(tmp_path: Path) -> None:
+    """No drafter, whatever num_draft_tokens says (as the engine without --speculative)."""
+    trace = load_trace("traces/mooncake_conversation.jsonl", limit=60, rate_scale=4.0)
+    for kw in ({}, {"overlap": True}, {"replicas": 2}):
+        a = run_replay(trace, build_config(**kw), progress=False)
+        b = run_replay(trace, build_config(num_draft_tokens=4, acceptance="0.5", **kw),
+                       progress=False)  # fmt: skip
+        for s in (a.summary, b.summary):
+            s.pop("wall_s")
+            s.pop("config")
+        assert a.summary == b.summary
+        assert a.summary["speculative"] == {"method": "none"}
+
+
+def test_speculating_config_is_checked() -> None:
+    cfg = build_config(speculative="ngram", acceptance="0.5")
+    assert cfg.num_draft_tokens == SIM_DEFAULT_DRAFT_TOKENS  # as engine serve's
+    with pytest.raises(ValueError, match="needs an acceptance model"):
+        build_config(speculative="ngram")
+    with pytest.raises(ValueError, match="needs num_draft_tokens >= 1"):
+        build_config(speculative="ngram", acceptance="0.5", num_draft_tokens=0)
+    with pytest.raises(ValueError, match="covers 2 draft positions"):
+        build_config(speculative="ngram", acceptance="0.5,0.4", num_draft_tokens=3)
+    with pytest.raises(ValueError, match="unknown speculative"):
+        build_config(speculative="eagle", acceptance="0.5")
+
+
+def test_the_simulators_methods_are_the_engines() -> None:
+    assert SPECULATIVE_METHODS == METHODS
+    assert SIM_DEFAULT_DRAFT_TOKENS == DEFAULT_DRAFT_TOKENS
+
+
+def test_sim_replay_flags_match_engine_serve(tmp_path: Path) -> None:
+    from lab.cli.sim import build_parser
+
+    out = tmp_path / "out"
+    args = build_parser().parse_args([
+        "replay", "traces/azure_code.csv", "--limit", "5", "--out", str(out), "--no-report",
+        "--no-progress", "--speculative", "ngram", "--num-draft-tokens", "2",
+        "--acceptance", "0.8,0.4", "--seed", "3", "--record-steps",
+    ])  # fmt: skip
+    assert args.func(args) == 0
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["speculative"]["method"] == "ngram"
+    assert summary["speculative"]["num_draft_tokens"] == 2
+    assert summary["config"]["acceptance"] == "0.8,0.4" and summary["config"]["seed"] == 3
+    record = pd.read_csv(out / "engine_steps.csv")
+    assert record["accepted_tokens"].sum() == summary["speculative"]["accepted_tokens"]
+
+
+@pytest.mark.parametrize("overlap", [False, True])
+def test_replaying_the_calls_gives_the_same_plans(tmp_path: Path, overlap: bool) -> None:
+    trace = tiny_trace(tmp_path, n=5, output=50, gap_ms=3.0)
+    result = replay(trace, speculative="ngram", acceptance="0.9,0.6,0.3", num_draft_tokens=3,
+                    overlap=overlap, seed=4)  # fmt: skip
+    assert (result.requests["output_tokens"] == 50).all()
+    calls = result.scheduler.calls
+    assert any(c.name == "complete" and len(c.args) > 1 for c in calls)
+    assert replay_calls(calls, result.scheduler.config, PlaceholderDrafter()) == []
+
+
+# ---------------------------------------------------------------- sweeps and profiles
+def test_the_grid_sweeps_num_draft_tokens(tmp_path: Path) -> None:
+    grid = check_grid({"speculative": "ngram", "acceptance": "0.7", "num_draft_tokens": [1, 2, 4]})
+    plan = plan_grid(grid, Path("traces/azure_code.csv"), 10, None, {})
+    assert [p.error for p in plan.probes] == ["", "", ""]
+    assert [p.config["num_draft_tokens"] for p in plan.probes] == [1, 2, 4]
+    assert len({p.key for p in plan.probes}) == 3
+    bad = plan_grid(check_grid({"speculative": "ngram", "acceptance": "0.7,0.5",
+                                "num_draft_tokens": [2, 3]}),
+                    Path("traces/azure_code.csv"), 10, None, {})  # fmt: skip
+    assert bad.probes[0].error == "" and "covers 2" in bad.probes[1].error
+
+
+def test_the_profile_grid_builds_verify_plans() -> None:
+    spec = replace(GridSpec.default("cpu"), decode_batches=(1, 4), decode_contexts=(100, 300),
+                   verify_drafts=(2, 3), holdout=8)  # fmt: skip
+    verify = [p for p in spec.points() if p.draft]
+    assert {(p.draft, len(p.decode), p.decode[0]) for p in verify if p.split == "fit"} == {
+        (k, b, c) for k in (2, 3) for b in (1, 4) for c in (100, 300)
+    }
+    assert any(p.split == "holdout" for p in verify)
+    point = StepPoint((), (100, 300), draft=3)
+    assert point.sequence_pages(16) == [7, 19]  # 104 and 304 positions
+    plan = point.plan(16)
+    assert [len(d.draft) for d in plan.decode] == [3, 3] and plan.num_draft_tokens == 6
+    assert [len(d.pages) for d in plan.decode] == [7, 19]
+    # no verify drafts: the grid and its held-out draws are as before
+    plain = GridSpec.default("cpu")
+    assert not any(p.draft for p in plain.points())
+    with pytest.raises(ValueError, match="verify drafts must be >= 1"):
+        replace(plain, verify_drafts=(0,))
+
+
+def test_a_verify_plan_has_the_shape_of_its_extends() -> None:
+    plan = StepPoint((), (100, 300), draft=3).plan(16)
+    shape = StepShape.of_plan(plan)
+    assert shape.prefill_tokens == 8 and shape.decode_requests == 0 and shape.sampled == 8
+    assert shape.context_tokens == 104 + 304
+    assert shape.prefill_attention == 4 * 100 + 10 + 4 * 300 + 10

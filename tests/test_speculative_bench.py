@@ -1,0 +1,135 @@
+"""The pure parts of ``benchmarks/speculative.py``: its workloads, the ``/metrics`` histogram
+read into counts and their deltas, the closed loop's arrivals, and the speed-up and error
+arithmetic. No server: the benchmark itself is run by hand."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from prometheus_client import CollectorRegistry, generate_latest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+import serving_load
+from speculative import (
+    CHAT_PROMPTS,
+    COPY_FUNCTIONS,
+    acceptance_delta,
+    accepted_histogram,
+    chat_prompts,
+    closed_loop_arrivals,
+    copy_prompts,
+    decode_slot_histogram,
+    differences,
+    relative_error,
+    speedup,
+    think_gaps,
+    throughput,
+    undrafted_slots,
+)
+
+from engine.ipc.messages import SpeculativeStats
+from engine.server.speculative_metrics import SpeculativeCollector
+
+
+def scraped(
+    monkeypatch: pytest.MonkeyPatch, k: int, *replicas: SpeculativeStats
+) -> dict[str, float]:
+    """``scrape``'s samples of a ``/metrics`` page holding the speculative collector's series
+    with ``replicas``' stats (none: the collector before its first update)."""
+    registry = CollectorRegistry()
+    collector = SpeculativeCollector("m", k)
+    for i, stats in enumerate(replicas):
+        collector.update(i, stats)
+    registry.register(collector)
+    page = generate_latest(registry).decode()
+    monkeypatch.setattr(httpx, "get", lambda *a, **kw: httpx.Response(200, text=page))
+    return serving_load.scrape("http://test")
+
+
+def test_the_metrics_histogram_reads_into_counts_summed_over_replicas(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    one = SpeculativeStats(10, 40, 17, [3, 2, 1, 0, 4])
+    two = SpeculativeStats(5, 20, 6, [1, 1, 2, 1])  # padded to K + 1 by the collector
+    assert accepted_histogram(scraped(monkeypatch, 4, one)) == [3, 2, 1, 0, 4]
+    assert accepted_histogram(scraped(monkeypatch, 4, one, two)) == [4, 3, 3, 1, 4]
+    assert accepted_histogram(scraped(monkeypatch, 4)) == []  # no stats yet
+    assert accepted_histogram({"engine_num_requests_running": 0.0}) == []  # a plain server
+
+
+def test_the_delta_of_two_scrapes_is_what_the_run_drafted(monkeypatch: pytest.MonkeyPatch) -> None:
+    before = scraped(monkeypatch, 2)
+    middle = scraped(monkeypatch, 2, SpeculativeStats(4, 8, 3, [2, 1, 1]))
+    after = scraped(monkeypatch, 2, SpeculativeStats(10, 19, 9, [4, 3, 3]))
+    first = acceptance_delta(before, middle)
+    assert first["accepted_lengths"] == [2, 1, 1]
+    assert (first["verify_slots"], first["draft_tokens"], first["accepted_tokens"]) == (4, 8, 3)
+    second = acceptance_delta(middle, after)
+    assert second["accepted_lengths"] == [2, 2, 2]
+    assert second["acceptance_rate"] == pytest.approx(6 / 11)
+    assert second["mean_accepted_length"] == pytest.approx(1.0)
+
+
+def test_the_workloads_are_real_text_and_the_same_every_time() -> None:
+    n = len(COPY_FUNCTIONS) + 2
+    copies = copy_prompts(n)
+    assert copies == copy_prompts(n) and len(copies) == n
+    assert "def dedent(text" in copies[0].text and "`text` to `text_arg`" in copies[0].text
+    assert "# Reviewed." in copies[-1].text  # past the list: the other edit
+    assert len({p.text for p in copies}) == n
+    chats = chat_prompts(3)
+    assert chats == chat_prompts(3) and [p.text for p in chats] == list(CHAT_PROMPTS[:3])
+    assert all(p.text for p in copies + chats)
+
+
+def test_a_closed_loop_sends_each_request_when_a_client_frees() -> None:
+    # two clients: request 2 follows the first to finish (1 at 3.0), request 3 the next (0 at 5.0)
+    sent, finished = [0.0, 0.1, 3.2, 5.05], [5.0, 3.0, 9.0, 8.0]
+    gaps = think_gaps(sent, finished, 2)
+    assert gaps == pytest.approx([0.0, 0.1, 0.2, 0.05])
+    assert closed_loop_arrivals(finished, gaps, 2) == pytest.approx(sent)
+    # one client: each request follows the one before it, whenever that one finishes
+    assert closed_loop_arrivals([2.0, 3.0, 7.0], [0.0, 0.1, 0.1], 1) == pytest.approx(
+        [0.0, 2.1, 3.1]
+    )
+
+
+def request(sent: float, finished: float, tokens: int) -> dict[str, Any]:
+    e2e = finished - sent
+    return {
+        "sent": sent, "finished": finished, "output_tokens": tokens, "ttft_ms": 100.0,
+        "tpot_ms": 10.0, "e2e_ms": e2e * 1e3, "tokens_per_s": tokens / e2e,
+    }  # fmt: skip
+
+
+def test_speedup_and_errors() -> None:
+    plain = throughput([request(0.0, 2.0, 20), request(2.0, 4.0, 20)])
+    spec = throughput([request(0.0, 1.0, 20), request(1.0, 2.5, 20)])
+    assert plain["tokens_per_s"] == pytest.approx(10.0)
+    assert spec["tokens_per_s"] == pytest.approx(16.0)
+    assert speedup(spec, plain) == pytest.approx(1.6)
+    assert relative_error(1.76, 1.6) == pytest.approx(0.1)
+    assert relative_error(1.0, 0.0) != relative_error(1.0, 0.0)  # nan: nothing to compare with
+
+
+def test_slots_without_a_draft_join_the_histogram_at_zero() -> None:
+    # 2 requests, 30 tokens: 2 from prefills, 28 from decode slots; 10 slots verified a draft
+    # and accepted 8 drafts in all, so 28 - 8 = 20 slots, 10 of them without a draft
+    measured = {"verify_slots": 10, "accepted_tokens": 8}
+    undrafted = undrafted_slots(30, 2, measured)
+    assert undrafted == 10
+    assert decode_slot_histogram([5, 2, 3], undrafted) == [15, 2, 3]
+    assert decode_slot_histogram([], 4) == [4]
+
+
+def test_differences_name_the_first_token_that_differs() -> None:
+    plain = [{"tokens": ["a", "b", "c"]}, {"tokens": ["a", "b"]}, {"tokens": ["x"]}]
+    spec = [{"tokens": ["a", "b", "c"]}, {"tokens": ["a", "b", "d"]}, {"tokens": ["y"]}]
+    assert differences(plain, spec) == [
+        {"request": 1, "first_difference": 2},
+        {"request": 2, "first_difference": 0},
+    ]
