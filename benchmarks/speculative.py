@@ -12,17 +12,15 @@ TTFT, TPOT, E2E, output tokens/s; per run: output tokens/s over its span; the ou
 acceptance from the deltas of ``/metrics`` (accepted over draft tokens, the histogram of
 accepted draft tokens per verify slot).
 
-The simulated side: ``sim replay``'s model runs the same requests (their prompt and output
-lengths as the server reported them) as the same closed loop (a request arrives when the
-one before it on its client finished in the simulation, plus the client's measured gap),
-priced by ``--profile`` (measured with ``engine profile`` first when left out, with verify
-rows of every K). The acceptance is measured, the step costs come from the profile: each
-speculating run is simulated with the histogram of that run (its workload, K and C), as
-``/metrics`` counts it (``drafted``: the verify slots only), and with the decode slots that
-carried no draft added as slots that accepted none (``decode``; the simulated drafter drafts
-every slot). Reported: the speed-up (speculating over plain tokens/s) and the acceptance
-rate in both worlds, and the simulator's relative errors. Servers and simulator run without
-the prefix cache (each workload is sent once per C to the same server).
+The simulated side (``speculative_sim.py``): ``sim replay``'s model runs the same requests as
+the same closed loop, priced by ``--profile`` (measured with ``engine profile`` first when left
+out, with verify rows of every K). The acceptance is measured, the step costs come from the
+profile: each speculating run is simulated with one acceptance model, that run's (its
+workload, K and C) as ``/metrics`` counts it: the histogram of accepted draft tokens per
+verify slot, and the share of decode slots that carried a draft (the simulated drafter
+drafts that share of the slots). Reported: the speed-up (speculating over plain tokens/s)
+and the acceptance rate in both worlds, and the simulator's relative errors. Servers and
+simulator run without the prefix cache (each workload is sent once per C to the same server).
 Writes ``--json`` (``reports/speculative/speculative_cpu.json``).
 
     python benchmarks/speculative.py --requests 8 --max-tokens 128 --k 2,4 --concurrency 1,4
@@ -36,21 +34,24 @@ import importlib
 import inspect
 import json
 import shlex
-import subprocess
-import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import httpx
-import numpy as np
 from serving_load import MODEL, scrape, served, wait_idle, write_runs
+from speculative_sim import (
+    acceptance_figures,
+    measure_profile,
+    relative_error,
+    sim_config,
+    simulate,
+    speedup,
+    throughput,
+)
 
-from schema.traces.record import Trace, TraceRequest
-from sim.config import build_config
-from sim.costs.committed import profile_dtype
-from sim.replay import build_costs, run_replay
+from sim.replay import build_costs
 
 COPY_FUNCTIONS = (
     ("textwrap", "dedent"), ("difflib", "get_close_matches"), ("statistics", "median"),
@@ -113,14 +114,6 @@ def chat_prompts(n: int) -> list[Prompt]:
 
 
 WORKLOADS = {"copy": copy_prompts, "chat": chat_prompts}
-PROFILE_GRID = (
-    "--prefill-tokens", "32,128,512,1024", "--prefill-prefixes", "0", "--prefill-chunks", "1",
-    "--decode-contexts", "64,512,1024", "--mixed-prefill", "128,512", "--mixed-prefixes", "0",
-    "--repeats", "3", "--warmup", "1", "--holdout", "0",
-)  # fmt: skip
-"""The plans ``engine profile`` times when no ``--profile`` is given: the prompts' prefills,
-decode and verify steps (``--verify-drafts`` of every K) at batches 1 .. C and contexts up to
-the longest prompt and output, and the mixed steps of a closed loop at C > 1."""
 
 
 def ints(text: str) -> list[int]:
@@ -238,6 +231,7 @@ def accepted_histogram(metrics: dict[str, float]) -> list[int]:
 
 SPEC_COUNTERS = {
     "verify_slots": "engine_spec_decode_num_drafts_total",
+    "undrafted_slots": "engine_spec_decode_num_undrafted_slots_total",
     "draft_tokens": "engine_spec_decode_num_draft_tokens_total",
     "accepted_tokens": "engine_spec_decode_num_accepted_tokens_total",
 }
@@ -253,30 +247,6 @@ def acceptance_delta(before: dict[str, float], after: dict[str, float]) -> dict[
     hist_before += [0] * (len(hist_after) - len(hist_before))
     out["accepted_lengths"] = [a - b for a, b in zip(hist_after, hist_before, strict=True)]
     return out | acceptance_figures(out)
-
-
-def acceptance_figures(counts: dict[str, Any]) -> dict[str, float]:
-    """Accepted over draft tokens, and accepted draft tokens per verify slot."""
-    slots, drafts, accepted = (
-        counts[k] for k in ("verify_slots", "draft_tokens", "accepted_tokens")
-    )
-    return {
-        "acceptance_rate": accepted / drafts if drafts else float("nan"),
-        "mean_accepted_length": accepted / slots if slots else float("nan"),
-    }
-
-
-def decode_slot_histogram(accepted_lengths: list[int], undrafted: int) -> list[int]:
-    """The histogram over every decode slot: ``undrafted`` slots (no draft) accept none."""
-    counts = accepted_lengths or [0]
-    return [counts[0] + max(undrafted, 0), *counts[1:]]
-
-
-def undrafted_slots(output_tokens: int, requests: int, spec: dict[str, Any]) -> int:
-    """Decode slots that carried no draft: every decode slot gives one token plus its accepted
-    drafts, the first token of each request comes from its prefill."""
-    decode_slots = output_tokens - requests - spec["accepted_tokens"]
-    return max(int(decode_slots - spec["verify_slots"]), 0)
 
 
 def run_server(
@@ -317,18 +287,6 @@ def settled(url: str) -> dict[str, float]:
         metrics = again
 
 
-def throughput(requests: list[dict[str, Any]]) -> dict[str, float]:
-    """Output tokens/s over the run's span, and the per-request means."""
-    tokens = sum(r["output_tokens"] for r in requests)
-    span = max(r["finished"] for r in requests) - min(r["sent"] for r in requests)
-    out = {"output_tokens": tokens, "span_s": span, "tokens_per_s": tokens / span}
-    for key in ("ttft_ms", "tpot_ms", "e2e_ms", "tokens_per_s"):
-        out[f"mean_{key}" if key != "tokens_per_s" else "mean_request_tokens_per_s"] = float(
-            np.nanmean([r[key] for r in requests])
-        )
-    return out
-
-
 def differences(plain: list[dict[str, Any]], spec: list[dict[str, Any]]) -> list[dict[str, int]]:
     """Requests whose output tokens differ, each with the first position that differs."""
     out = []
@@ -346,164 +304,65 @@ def differences(plain: list[dict[str, Any]], spec: list[dict[str, Any]]) -> list
     return out
 
 
-# ---------------------------------------------------------------- the simulated side
-def think_gaps(sent: list[float], finished: list[float], concurrency: int) -> list[float]:
-    """Per request (in the order sent), the time its client took to send it after the
-    request it follows finished: the ``j``-th sent follows the ``j - C``-th to finish (the
-    first ``C`` follow the run's start)."""
-    done = sorted(finished)
-    return [s - (done[j - concurrency] if j >= concurrency else 0.0) for j, s in enumerate(sent)]
-
-
-def closed_loop_arrivals(finished: list[float], gaps: list[float], concurrency: int) -> list[float]:
-    """When each request of a closed loop of ``concurrency`` clients is sent, given when the
-    requests finish and the clients' ``gaps`` (``think_gaps``' inverse)."""
-    done = sorted(finished)
-    return [g + (done[j - concurrency] if j >= concurrency else 0.0) for j, g in enumerate(gaps)]
-
-
-def simulate(
-    config: Any, costs: Any, real: list[dict[str, Any]], concurrency: int
-) -> dict[str, Any]:
-    """The requests of a real run (its lengths) through the simulator as the same closed loop:
-    replayed until the arrivals are those its own finishes give (at most one pass a request)."""
-    gaps = think_gaps([r["sent"] for r in real], [r["finished"] for r in real], concurrency)
-    arrivals = [r["sent"] for r in real]
-    for _ in range(len(real) + 1):
-        order = sorted(range(len(real)), key=lambda j: arrivals[j])
-        trace = Trace(
-            path="speculative",
-            format="jsonl",
-            requests=[
-                TraceRequest(
-                    str(j), arrivals[j], real[j]["prompt_tokens"], real[j]["output_tokens"]
-                )
-                for j in order
-            ],
-        )
-        result = run_replay(trace, config, costs=costs, progress=False)
-        table = result.requests.set_index("rid").loc[[str(j) for j in range(len(real))]]
-        finished = list(table["arrival"] + table["e2e_ms"] / 1e3)
-        new = closed_loop_arrivals(finished, gaps, concurrency)
-        converged = max(abs(a - b) for a, b in zip(new, arrivals, strict=True)) < 1e-9
-        arrivals = new
-        if converged:
-            break
-    requests = [
-        {
-            "sent": float(row.arrival), "finished": float(row.arrival + row.e2e_ms / 1e3),
-            "output_tokens": int(row.output_tokens), "ttft_ms": float(row.ttft_ms),
-            "tpot_ms": float(row.tpot_ms), "e2e_ms": float(row.e2e_ms),
-            "tokens_per_s": float(row.output_tokens / (row.e2e_ms / 1e3)),
-        }
-        for row in table.itertuples()
-    ]  # fmt: skip
-    out: dict[str, Any] = {"requests": requests, **throughput(requests), "converged": converged}
-    spec = result.summary.get("speculative", {})
-    if spec.get("method", "none") != "none":
-        keep = ("verify_slots", "draft_tokens", "accepted_tokens", "accepted_lengths", "acceptance")
-        out["spec"] = {k: spec[k] for k in keep} | acceptance_figures(spec)
-    return out
-
-
-def sim_config(args: argparse.Namespace, profile: Path, k: int = 0, acceptance: str = "") -> Any:
-    """The simulated server: the profile's table model, no prefix cache (as the servers run);
-    with ``k``, speculating with ``acceptance`` (a file of the measured histogram)."""
-    values = {"model": args.model, "profile": str(profile), "cost_model": "table",
-              "dtype": profile_dtype(profile), "num_pages": args.num_pages,
-              "prefix_cache": False, "seed": args.seed}  # fmt: skip
-    if k:
-        values |= {"speculative": "ngram", "num_draft_tokens": k, "acceptance": acceptance}
-    return build_config(**values)
-
-
-def measure_profile(args: argparse.Namespace) -> Path:
-    """A profile of this machine (``PROFILE_GRID``), with verify rows of every K."""
-    out: Path = args.out_dir / "profile.csv"
-    batches = sorted({1, *args.concurrency})
-    mixed = sorted({1, *(c - 1 for c in args.concurrency if c > 1)})
-    cmd = [
-        sys.executable, "-m", "lab.cli.engine", "profile", "--model", args.model,
-        "--cpu-threads", str(args.threads), "--num-pages", str(args.num_pages), *PROFILE_GRID,
-        "--decode-batches", ",".join(map(str, batches)),
-        "--mixed-batches", ",".join(map(str, mixed)),
-        "--verify-drafts", ",".join(map(str, args.k)),
-        "--out", str(out), "--overwrite",
-    ]  # fmt: skip
-    print("+", " ".join(cmd[2:]), flush=True)
-    subprocess.run(cmd, check=True)
-    return out
-
-
-def speedup(spec: dict[str, Any], plain: dict[str, Any]) -> float:
-    """Output tokens/s of the speculating run over the plain one's."""
-    return float(spec["tokens_per_s"] / plain["tokens_per_s"])
-
-
-def relative_error(sim: float, real: float) -> float:
-    return sim / real - 1 if real else float("nan")
-
-
+# ---------------------------------------------------------------- both worlds
 def one_case(args: argparse.Namespace, profile: Path, costs: Any, plain: dict[str, Any],
              spec: dict[str, Any], name: str, c: int, k: int) -> dict[str, Any]:  # fmt: skip
-    """One workload at C with K: both worlds, the speed-up and the acceptance."""
+    """One workload at C with K: both worlds, the speed-up and the acceptance. The simulated
+    run's acceptance model is the measured one: the histogram and the draft share."""
     measured = spec["spec"]
-    undrafted = undrafted_slots(spec["output_tokens"], len(spec["requests"]), measured)
-    hists = {
-        "drafted": measured["accepted_lengths"],
-        "decode": decode_slot_histogram(measured["accepted_lengths"], undrafted),
-    }
     sim_plain = simulate(sim_config(args, profile), costs, plain["requests"], c)
-    sims: dict[str, Any] = {}
-    for draw, hist in hists.items():
-        if sum(hist) == 0:
-            sims[draw] = {"skipped": "no verify slot measured"}
-            continue
-        path = args.out_dir / f"acceptance_{name}_c{c}_k{k}_{draw}.json"
-        path.write_text(json.dumps({"accepted_lengths": hist, "num_draft_tokens": k}) + "\n")
+    sim: dict[str, Any]
+    if sum(measured["accepted_lengths"]) == 0:
+        sim = {"skipped": "no verify slot measured"}
+    else:
+        path = args.out_dir / f"acceptance_{name}_c{c}_k{k}.json"
+        model = {"accepted_lengths": measured["accepted_lengths"], "num_draft_tokens": k,
+                 "draft_share": measured["draft_share"]}  # fmt: skip
+        path.write_text(json.dumps(model) + "\n")
         sim = simulate(sim_config(args, profile, k, str(path)), costs, spec["requests"], c)
         sim["acceptance_file"] = str(path)
         sim["speedup"] = speedup(sim, sim_plain)
         sim["error_speedup"] = relative_error(sim["speedup"], speedup(spec, plain))
         rate = sim["spec"]["acceptance_rate"]
         sim["error_acceptance_rate"] = relative_error(rate, measured["acceptance_rate"])
-        sims[draw] = sim
-    decode_slots = undrafted + measured["verify_slots"]
     real = {"plain": plain, "speculative": spec, "speedup": speedup(spec, plain)}
-    real["drafted_share"] = measured["verify_slots"] / decode_slots if decode_slots else 0.0
     real["differences"] = differences(plain["requests"], spec["requests"])
-    sim_ = {"plain": sim_plain, "speculative": sims}
+    sim_ = {"plain": sim_plain, "speculative": sim, "acceptance_model": ACCEPTANCE_MODEL}
     return {"workload": name, "concurrency": c, "num_draft_tokens": k, "real": real, "sim": sim_}
 
 
+ACCEPTANCE_MODEL = (
+    "the run's /metrics: accepted draft tokens per verify slot (histogram) and the share of "
+    "decode slots that carried a draft"
+)
+
+
 def print_table(cases: list[dict[str, Any]]) -> None:
-    """The cases as markdown: real, simulated (``drafted`` histogram; ``decode`` beside it)."""
+    """The cases as markdown, real beside simulated."""
+    print(f"Simulated with the measured acceptance model: {ACCEPTANCE_MODEL}.\n")
     print(
-        "| workload | C | K | drafted | same tokens | plain tok/s real / sim | "
-        "spec tok/s real / sim / sim (decode) | speed-up real | sim | err | sim (decode) | err "
-        "| acceptance real | sim | err |"
+        "| workload | C | K | drafted real / sim | same tokens | plain tok/s real / sim | "
+        "spec tok/s real / sim | speed-up real | sim | err | acceptance real | sim | err |"
     )
-    print("|---" * 15 + "|")
+    print("|---" * 13 + "|")
 
     def f(x: float | None, fmt: str) -> str:
         return "-" if x is None else format(x, fmt)
 
     for c in cases:
         real, sim = c["real"], c["sim"]
-        d, e = sim["speculative"]["drafted"], sim["speculative"]["decode"]
+        d = sim["speculative"]
+        measured, drawn = real["speculative"]["spec"], d.get("spec", {})
         n = len(real["plain"]["requests"])
         cells = [
-            c["workload"], c["concurrency"], c["num_draft_tokens"], f"{real['drafted_share']:.0%}",
+            c["workload"], c["concurrency"], c["num_draft_tokens"],
+            f"{measured['draft_share']:.0%} / {f(drawn.get('draft_share'), '.0%')}",
             f"{n - len(real['differences'])}/{n}",
             f"{real['plain']['tokens_per_s']:.1f} / {sim['plain']['tokens_per_s']:.1f}",
-            f"{real['speculative']['tokens_per_s']:.1f} / {f(d.get('tokens_per_s'), '.1f')} / "
-            f"{f(e.get('tokens_per_s'), '.1f')}",
+            f"{real['speculative']['tokens_per_s']:.1f} / {f(d.get('tokens_per_s'), '.1f')}",
             f"{real['speedup']:.2f}x", f"{f(d.get('speedup'), '.2f')}x",
-            f(d.get("error_speedup"), "+.1%"), f"{f(e.get('speedup'), '.2f')}x",
-            f(e.get("error_speedup"), "+.1%"),
-            f"{real['speculative']['spec']['acceptance_rate']:.2f}",
-            f(d.get("spec", {}).get("acceptance_rate"), ".2f"),
-            f(d.get("error_acceptance_rate"), "+.1%"),
+            f(d.get("error_speedup"), "+.1%"), f"{measured['acceptance_rate']:.2f}",
+            f(drawn.get("acceptance_rate"), ".2f"), f(d.get("error_acceptance_rate"), "+.1%"),
         ]  # fmt: skip
         print("| " + " | ".join(map(str, cells)) + " |")
 

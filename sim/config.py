@@ -24,7 +24,9 @@ Speculative decoding (``speculative``, as ``engine serve --speculative``): the
 scheduler is built with ``PlaceholderDrafter``, every decoding request's slot
 carries up to ``num_draft_tokens`` drafts (4 when left out, as the engine's),
 and the ``acceptance`` model says how many are accepted (``sim.costs.acceptance``;
-required: the simulator assumes none), drawn with ``seed``.
+required: the simulator assumes none), drawn with ``seed``, and what share of
+the decode slots carry a draft at all (``draft_share`` overrides it;
+``sim.model.drafter``).
 """
 
 from __future__ import annotations
@@ -130,7 +132,15 @@ class SimConfig:
         "accepted count drawn from the measured histogram",
         choices=DRAWS,
     )
-    seed: int = setting(0, "seed of the simulator's random draws (accepted draft tokens)")
+    draft_share: float | None = setting(
+        None,
+        "share of decode slots that carry a draft, in [0, 1] (the engine's n-gram drafter "
+        "drafts only where it finds a match); overrides the --acceptance measurement's, which "
+        "is 1 for rates given by hand",
+    )
+    seed: int = setting(
+        0, "seed of the simulator's random draws (accepted draft tokens, slots drafted)"
+    )
 
     def __post_init__(self) -> None:
         model_shape(self.model)
@@ -188,7 +198,8 @@ class SimConfig:
         if not self.speculating or self.acceptance is None:
             return None
         empirical = self.acceptance_draw == "empirical"
-        return load_acceptance(self.acceptance, self.scheduler.num_draft_tokens, empirical)
+        k = self.scheduler.num_draft_tokens
+        return load_acceptance(self.acceptance, k, empirical, self.draft_share)
 
     def kv_bytes_per_token_per_gpu(self) -> float:
         return model_shape(self.model).kv_bytes_per_token(DTYPE_BYTES[self.kv_dtype], self.tp)

@@ -13,7 +13,7 @@ import pandas as pd
 from tqdm import tqdm
 
 from core.router import Router
-from core.scheduler import PlaceholderDrafter, Scheduler, SchedulerStats
+from core.scheduler import Scheduler, SchedulerStats
 from schema.jsonsafe import json_safe
 from schema.metrics import summarize
 from schema.run import RunResult
@@ -30,6 +30,7 @@ from sim.costs.profile import cpu_costs_from
 from sim.costs.reach import Reach, reach_summary
 from sim.model.calls import RecordingScheduler
 from sim.model.cluster import Cluster
+from sim.model.drafter import SharedDrafter
 from sim.model.pipeline import Pipeline
 from sim.model.recorded_stages import RecordedStages
 from sim.model.replica import FLUSH_STEPS, Progress, Replica, RequestRecords, Streams
@@ -193,7 +194,8 @@ def build_replay(
     if not as_cluster and config.replicas != 1:
         raise ValueError("the single pipeline runs one replica")
     sched_config = config.scheduler_config()
-    drafter = PlaceholderDrafter() if config.speculating else None
+    acceptance = config.acceptance_model()
+    drafter = None if acceptance is None else SharedDrafter(acceptance.draft_share, config.seed)
     schedulers: list[Any] = [Scheduler(sched_config, drafter) for _ in range(config.replicas)]
     if record_calls:
         schedulers = [RecordingScheduler(s) for s in schedulers]
@@ -206,7 +208,7 @@ def build_replay(
         copies=build_copy_costs(config),
         record_steps=record_steps,
         layout=config.layout,
-        acceptance=config.acceptance_model(),
+        acceptance=acceptance,
         seed=config.seed,
     )
     request_writer, request_memory = _kept(tables.requests, tables.keep)
@@ -319,7 +321,8 @@ def summarise(built: BuiltReplay, trace: Trace, config: SimConfig, wall0: float)
     }
     summary["cpu_costs"] = cpu.describe()
     summary["host_kv"] = host_kv_summary(stats, built.loop.copies)
-    summary["speculative"] = speculative_summary(config, draws)
+    drafter = built.schedulers[0].drafter if built.schedulers else None
+    summary["speculative"] = speculative_summary(config, draws, drafter)
     summary["trace"] = trace.describe()
     summary["fast_forward"] = fast_forward
     summary["replicas"] = replica_summaries(summary_columns, busy_s, stats, summary["duration_s"])
@@ -336,10 +339,12 @@ def summarise(built: BuiltReplay, trace: Trace, config: SimConfig, wall0: float)
     )
 
 
-def speculative_summary(config: SimConfig, draws: list[AcceptanceDraws]) -> dict[str, Any]:
+def speculative_summary(
+    config: SimConfig, draws: list[AcceptanceDraws], drafter: SharedDrafter | None
+) -> dict[str, Any]:
     """The drafter modelled, its acceptance model and what the replicas drew (the counters of
-    the engine's ``/metrics``, summed)."""
-    if not config.speculating:
+    the engine's ``/metrics``, summed; ``undrafted_slots``: decode slots given no draft)."""
+    if not config.speculating or drafter is None:
         return {"method": "none"}
     total = AcceptanceDraws(draws[0].model, config.seed)
     for d in draws:
@@ -350,7 +355,7 @@ def speculative_summary(config: SimConfig, draws: list[AcceptanceDraws]) -> dict
             total.accepted_lengths += [0] * (n + 1 - len(total.accepted_lengths))
             total.accepted_lengths[n] += count
     method = {"method": config.speculative, "num_draft_tokens": config.num_draft_tokens}
-    return method | total.describe()
+    return method | total.describe() | {"undrafted_slots": drafter.undrafted}
 
 
 def _loop_counters(replicas: list[Replica], config: SimConfig) -> tuple[dict[str, Any], Reach]:

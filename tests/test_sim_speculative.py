@@ -143,14 +143,13 @@ def test_histogram_inputs_are_checked() -> None:
 
 
 # ---------------------------------------------------------------- what the engine measured
-def metrics_page(accepted_lengths: list[int], k: int, replicas: int = 2) -> str:
+def metrics_page(accepted_lengths: list[int], k: int, replicas: int = 2, undrafted: int = 0) -> str:
     """The engine's ``/metrics`` text of its speculative collector, over ``replicas``."""
     registry = CollectorRegistry()
     collector = SpeculativeCollector("m", k)
     for replica in range(replicas):
-        stats = SpeculativeStats(
-            sum(accepted_lengths), k * sum(accepted_lengths), 0, list(accepted_lengths)
-        )
+        slots = sum(accepted_lengths)
+        stats = SpeculativeStats(slots, k * slots, 0, list(accepted_lengths), undrafted)
         collector.update(replica, stats)
     registry.register(collector)
     return generate_latest(registry).decode()
@@ -169,6 +168,28 @@ def test_the_engines_metrics_page_informs_the_model(tmp_path: Path) -> None:
     empty.write_text("# HELP other\nother_total 3\n")
     with pytest.raises(ValueError, match="no engine_spec_decode_accepted_length"):
         load_acceptance(str(empty), 2)
+
+
+def test_the_draft_share_is_read_where_the_rates_are(tmp_path: Path) -> None:
+    page = tmp_path / "metrics.txt"
+    page.write_text(metrics_page([50, 30, 15, 5], k=4, undrafted=300))
+    model = load_acceptance(str(page), 4)
+    assert model.draft_share == pytest.approx(0.25)  # 200 drafted, 600 undrafted slots
+    assert model.describe()["draft_share"] == pytest.approx(0.25)
+    assert load_acceptance(str(page), 4, draft_share=0.6).draft_share == 0.6  # --draft-share
+    older = tmp_path / "older.txt"  # an engine without the undrafted counter: every slot
+    older.write_text("".join(line + "\n" for line in page.read_text().splitlines()
+                             if "undrafted" not in line))  # fmt: skip
+    assert load_acceptance(str(older), 4).draft_share == 1.0
+    assert load_acceptance("0.5", 4).draft_share == 1.0
+    given = tmp_path / "share.json"
+    given.write_text(json.dumps({"rates": [0.9, 0.5], "draft_share": 0.3}))
+    assert load_acceptance(str(given), 2).draft_share == 0.3
+    stats = tmp_path / "stats.json"
+    stats.write_text(json.dumps({"accepted_lengths": [2, 2], "undrafted_slots": 12}))
+    assert load_acceptance(str(stats), 1).draft_share == pytest.approx(0.25)
+    with pytest.raises(ValueError, match="draft share must be in"):
+        load_acceptance("0.5", 4, draft_share=1.5)
 
 
 def test_json_rates_or_accepted_lengths(tmp_path: Path) -> None:
@@ -233,6 +254,7 @@ def test_full_acceptance_decodes_k_plus_one_tokens_a_step(tmp_path: Path, overla
     assert len(plain.steps) == out
     summary = fast.summary["speculative"]
     assert summary["acceptance_rate"] == 1.0 and summary["verify_slots"] == verify
+    assert summary["undrafted_slots"] == 0 and summary["acceptance"]["draft_share"] == 1.0
     # a step's tokens reach the client in one chunk: ITL has a gap per step, not per token
     assert fast.itl_s.load().counts.sum() == verify
     assert plain.itl_s.load().counts.sum() == out - 1
@@ -250,6 +272,32 @@ def test_no_acceptance_takes_as_many_steps_as_plain_decoding(tmp_path: Path) -> 
         [c.args[0] for c in none.scheduler.calls if c.name == "complete" and len(c.args) > 1]
     )
     assert drafted.sum() > 0
+
+
+@pytest.mark.parametrize("overlap", [False, True])
+def test_no_draft_share_is_the_plain_replay(tmp_path: Path, overlap: bool) -> None:
+    trace = tiny_trace(tmp_path, n=3, output=30, gap_ms=5.0)
+    plain = replay(trace, overlap=overlap)
+    kw = {"speculative": "ngram", "acceptance": "0.8", "num_draft_tokens": 3}
+    none = replay(trace, draft_share=0.0, overlap=overlap, **kw)
+    assert len(none.steps) == len(plain.steps)
+    assert none.steps["prefill_tokens"].sum() == plain.steps["prefill_tokens"].sum()
+    assert list(none.requests["output_tokens"]) == list(plain.requests["output_tokens"])
+    summary = none.summary["speculative"]
+    assert summary["verify_slots"] == 0 and summary["undrafted_slots"] > 0
+
+
+def test_half_the_slots_carry_a_draft(tmp_path: Path) -> None:
+    trace = tiny_trace(tmp_path, n=20, output=40, gap_ms=5.0)
+    kw = {"speculative": "ngram", "acceptance": "0", "num_draft_tokens": 2, "seed": 7}
+    half = replay(trace, draft_share=0.5, **kw).summary["speculative"]
+    slots = half["verify_slots"] + half["undrafted_slots"]
+    assert slots > 500
+    assert abs(half["verify_slots"] / slots - 0.5) < 0.08  # ~4.5 standard deviations
+    again = replay(trace, draft_share=0.5, **kw).summary["speculative"]
+    assert again["verify_slots"] == half["verify_slots"]  # deterministic
+    full = replay(trace, **kw).summary["speculative"]
+    assert full["undrafted_slots"] == 0 and full["verify_slots"] > half["verify_slots"]
 
 
 def test_verify_steps_are_priced_as_the_extends_they_are(tmp_path: Path) -> None:

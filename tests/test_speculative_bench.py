@@ -1,6 +1,7 @@
-"""The pure parts of ``benchmarks/speculative.py``: its workloads, the ``/metrics`` histogram
-read into counts and their deltas, the closed loop's arrivals, and the speed-up and error
-arithmetic. No server: the benchmark itself is run by hand."""
+"""The pure parts of ``benchmarks/speculative.py`` and ``speculative_sim.py``: the workloads,
+the ``/metrics`` histogram and counters read into counts and their deltas (the draft share
+among them), the closed loop's arrivals, and the speed-up and error arithmetic. No server:
+the benchmark itself is run by hand."""
 
 from __future__ import annotations
 
@@ -20,15 +21,16 @@ from speculative import (
     acceptance_delta,
     accepted_histogram,
     chat_prompts,
-    closed_loop_arrivals,
     copy_prompts,
-    decode_slot_histogram,
     differences,
+)
+from speculative_sim import (
+    acceptance_figures,
+    closed_loop_arrivals,
     relative_error,
     speedup,
     think_gaps,
     throughput,
-    undrafted_slots,
 )
 
 from engine.ipc.messages import SpeculativeStats
@@ -63,15 +65,17 @@ def test_the_metrics_histogram_reads_into_counts_summed_over_replicas(
 
 def test_the_delta_of_two_scrapes_is_what_the_run_drafted(monkeypatch: pytest.MonkeyPatch) -> None:
     before = scraped(monkeypatch, 2)
-    middle = scraped(monkeypatch, 2, SpeculativeStats(4, 8, 3, [2, 1, 1]))
-    after = scraped(monkeypatch, 2, SpeculativeStats(10, 19, 9, [4, 3, 3]))
+    middle = scraped(monkeypatch, 2, SpeculativeStats(4, 8, 3, [2, 1, 1], 12))
+    after = scraped(monkeypatch, 2, SpeculativeStats(10, 19, 9, [4, 3, 3], 14))
     first = acceptance_delta(before, middle)
     assert first["accepted_lengths"] == [2, 1, 1]
     assert (first["verify_slots"], first["draft_tokens"], first["accepted_tokens"]) == (4, 8, 3)
+    assert first["undrafted_slots"] == 12 and first["draft_share"] == pytest.approx(0.25)
     second = acceptance_delta(middle, after)
     assert second["accepted_lengths"] == [2, 2, 2]
     assert second["acceptance_rate"] == pytest.approx(6 / 11)
     assert second["mean_accepted_length"] == pytest.approx(1.0)
+    assert second["draft_share"] == pytest.approx(6 / 8)  # 6 verify slots, 2 undrafted
 
 
 def test_the_workloads_are_real_text_and_the_same_every_time() -> None:
@@ -116,14 +120,14 @@ def test_speedup_and_errors() -> None:
     assert relative_error(1.0, 0.0) != relative_error(1.0, 0.0)  # nan: nothing to compare with
 
 
-def test_slots_without_a_draft_join_the_histogram_at_zero() -> None:
-    # 2 requests, 30 tokens: 2 from prefills, 28 from decode slots; 10 slots verified a draft
-    # and accepted 8 drafts in all, so 28 - 8 = 20 slots, 10 of them without a draft
-    measured = {"verify_slots": 10, "accepted_tokens": 8}
-    undrafted = undrafted_slots(30, 2, measured)
-    assert undrafted == 10
-    assert decode_slot_histogram([5, 2, 3], undrafted) == [15, 2, 3]
-    assert decode_slot_histogram([], 4) == [4]
+def test_the_draft_share_is_of_every_decode_slot() -> None:
+    counts = {"verify_slots": 10, "undrafted_slots": 30, "draft_tokens": 40, "accepted_tokens": 8}
+    figures = acceptance_figures(counts)
+    assert figures["draft_share"] == pytest.approx(0.25)
+    assert figures["acceptance_rate"] == pytest.approx(0.2)
+    assert figures["mean_accepted_length"] == pytest.approx(0.8)
+    none = acceptance_figures(counts | {"verify_slots": 0, "undrafted_slots": 0})
+    assert none["draft_share"] != none["draft_share"]  # nan: no decode slot
 
 
 def test_differences_name_the_first_token_that_differs() -> None:

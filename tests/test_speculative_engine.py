@@ -143,6 +143,8 @@ def test_greedy_output_equals_plain_decoding(
     assert 0 < spec.accepted_tokens <= spec.draft_tokens
     assert sum(spec.accepted_lengths) == spec.verify_slots
     assert len(spec.accepted_lengths) <= k + 1
+    assert spec.undrafted_slots > 0  # the chat prompts: n-grams rarely match
+    assert spec.snapshot().undrafted_slots == spec.undrafted_slots
     assert any(len(tokens) > 1 for tokens in out.per_step), "no step kept an accepted draft"
 
 
@@ -234,6 +236,7 @@ def test_serve_speculative_equals_plain_server() -> None:
                 time.sleep(0.1)
                 metrics = server.metrics()
             assert metrics["engine_spec_decode_num_drafts_total"] > 0
+            assert "engine_spec_decode_num_undrafted_slots_total" in metrics
             assert metrics["engine_spec_decode_num_accepted_tokens_total"] > 0
             assert metrics["engine_spec_decode_accepted_length_count"] > 0
     assert texts[()] and texts[()] == texts[("--speculative", "ngram", "--num-draft-tokens", "3")]

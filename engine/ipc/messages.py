@@ -146,13 +146,15 @@ class TextBatch(msgspec.Struct, tag=True):
 
 class SpeculativeStats(msgspec.Struct, frozen=True):
     """Speculative decoding so far: decode slots that verified a draft, draft tokens they
-    proposed and the model accepted, and ``accepted_lengths[n]``: the slots that accepted
-    ``n`` draft tokens (``n`` from 0 to the longest draft)."""
+    proposed and the model accepted, ``accepted_lengths[n]``: the slots that accepted
+    ``n`` draft tokens (``n`` from 0 to the longest draft), and ``undrafted_slots``: decode
+    slots the drafter gave no draft (a plain decode)."""
 
     verify_slots: int = 0
     draft_tokens: int = 0
     accepted_tokens: int = 0
     accepted_lengths: list[int] = []
+    undrafted_slots: int = 0
 
 
 class StatsUpdate(msgspec.Struct, tag=True):

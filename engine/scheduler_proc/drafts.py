@@ -24,13 +24,16 @@ class DraftCounters:
 
     def __init__(self) -> None:
         self.verify_slots = 0
+        self.undrafted_slots = 0
         self.draft_tokens = 0
         self.accepted_tokens = 0
         self.accepted_lengths: list[int] = []
 
     def count(self, plan: Plan, accepted: Sequence[int]) -> None:
-        """Add ``plan``'s verify slots, ``accepted`` as ``accepted_tokens`` gave them."""
+        """Add ``plan``'s verify slots, ``accepted`` as ``accepted_tokens`` gave them, and its
+        decode slots that carried no draft."""
         self.verify_slots += len(accepted)
+        self.undrafted_slots += len(plan.decode) - len(accepted)
         self.draft_tokens += plan.num_draft_tokens
         self.accepted_tokens += sum(accepted)
         for n in accepted:
@@ -40,5 +43,9 @@ class DraftCounters:
 
     def snapshot(self) -> SpeculativeStats:
         return SpeculativeStats(
-            self.verify_slots, self.draft_tokens, self.accepted_tokens, list(self.accepted_lengths)
+            self.verify_slots,
+            self.draft_tokens,
+            self.accepted_tokens,
+            list(self.accepted_lengths),
+            self.undrafted_slots,
         )

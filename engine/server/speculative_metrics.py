@@ -18,6 +18,7 @@ from engine.ipc.messages import SpeculativeStats
 LABELS = ["model_name", "replica"]
 COUNTERS = (
     ("num_drafts", "verify_slots", "Decode slots that verified a draft"),
+    ("num_undrafted_slots", "undrafted_slots", "Decode slots that carried no draft"),
     ("num_draft_tokens", "draft_tokens", "Draft tokens proposed for verification"),
     ("num_accepted_tokens", "accepted_tokens", "Draft tokens the model accepted"),
 )

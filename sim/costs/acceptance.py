@@ -12,6 +12,12 @@ first ``i`` whose draw fails (``k`` if none does). ``empirical`` models draw
 ``n`` from a measured histogram of accepted lengths instead (``P(n)`` for
 ``n < k``, the rest of the mass at ``k``).
 
+Not every decode slot carries a draft: the engine's n-gram drafter proposes
+one only where it finds a match (a quarter of the slots of chat, most of those
+of a copying prompt). ``draft_share`` is the share of decode slots that carry
+one; the others decode plainly (``sim.model.drafter``). The histogram counts
+verify slots only, so the rates are of drafted slots.
+
 What informs it (``load_acceptance``), never assumed: rates given by hand
 (``"0.8,0.6,0.5,0.4"``; one rate repeats: geometric), or a measurement of the
 engine (``engine serve --speculative ngram``):
@@ -22,10 +28,14 @@ engine (``engine serve --speculative ngram``):
   are ``a_i = P(n >= i) / P(n >= i - 1)``. It does not say how many drafts each
   slot carried: a slot that the drafter gave fewer than ``K`` tokens (no long
   enough match, the output limit) can accept no more, which biases the later
-  rates low (rather a lower bound on them);
+  rates low (rather a lower bound on them). The counters
+  ``engine_spec_decode_num_drafts_total`` and ``..._num_undrafted_slots_total``
+  give ``draft_share`` = drafts / (drafts + undrafted) (1 when the page has no
+  undrafted counter);
 - a JSON file: ``{"rates": [...]}``, or ``{"accepted_lengths": [c_0, c_1, ...]}``
   (the engine's ``SpeculativeStats``; an optional ``"num_draft_tokens"`` says
-  the ``K`` it ran with, else ``len - 1``);
+  the ``K`` it ran with, else ``len - 1``); ``"draft_share"``, or the stats'
+  ``"undrafted_slots"``, gives the share of slots drafted;
 - a step record (``engine_steps.csv`` of ``--record-steps``): only per-step sums
   of draft and accepted tokens, so one geometric rate whose mean acceptance
   per draft token equals the record's, assuming every slot carried ``K``.
@@ -43,7 +53,7 @@ import math
 import re
 import zlib
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -55,19 +65,24 @@ DRAWS = ("rates", "empirical")
 """How a slot's accepted count is drawn: a chain of per-position rates, or the histogram."""
 METRIC = "engine_spec_decode_accepted_length"
 """The engine's ``/metrics`` histogram of accepted draft tokens per verify slot."""
+DRAFTED = "engine_spec_decode_num_drafts_total"
+UNDRAFTED = "engine_spec_decode_num_undrafted_slots_total"
+"""The engine's ``/metrics`` counters of decode slots with and without a draft."""
 
 
 @dataclass(frozen=True, slots=True)
 class AcceptanceModel:
     """Per-position acceptance rates ``a_1 .. a_K`` (``rates``), and the histogram of
     accepted lengths they came from when measured (``histogram[n]``: slots that accepted
-    ``n``; ``empirical`` draws from it). ``geometric``: one rate for every position."""
+    ``n``; ``empirical`` draws from it). ``geometric``: one rate for every position.
+    ``draft_share``: the share of decode slots that carry a draft at all."""
 
     rates: tuple[float, ...]
     source: str
     histogram: tuple[int, ...] = ()
     empirical: bool = False
     geometric: bool = False
+    draft_share: float = 1.0
 
     def __post_init__(self) -> None:
         if not self.rates:
@@ -75,6 +90,9 @@ class AcceptanceModel:
         for i, a in enumerate(self.rates, 1):
             if not (isinstance(a, int | float) and 0.0 <= a <= 1.0):
                 raise ValueError(f"acceptance rate a_{i} must be in [0, 1], got {a!r}")
+        share = self.draft_share
+        if not (isinstance(share, int | float) and 0.0 <= share <= 1.0):
+            raise ValueError(f"draft share must be in [0, 1], got {share!r}")
         if self.empirical and not self.histogram:
             raise ValueError("empirical draws need a histogram of accepted lengths")
 
@@ -141,6 +159,7 @@ class AcceptanceModel:
             "draw": "empirical" if self.empirical else "rates",
             "rates": list(self.rates),
             "geometric": self.geometric,
+            "draft_share": self.draft_share,
             "source": self.source,
         }
         if self.histogram:
@@ -237,10 +256,13 @@ def uniforms(seed: int, keys: np.ndarray, positions: np.ndarray) -> np.ndarray:
 
 
 # ---------------------------------------------------------------- what informs the model
-def load_acceptance(spec: str, num_draft_tokens: int, empirical: bool = False) -> AcceptanceModel:
+def load_acceptance(
+    spec: str, num_draft_tokens: int, empirical: bool = False, draft_share: float | None = None
+) -> AcceptanceModel:
     """The model ``spec`` names: comma-separated rates (one: geometric), or a file of the
     engine's measurement (module doc); ``empirical`` draws from a measured histogram.
-    ``num_draft_tokens`` (``K``) is what the model must cover (and a step record's ``K``)."""
+    ``num_draft_tokens`` (``K``) is what the model must cover (and a step record's ``K``);
+    ``draft_share``, when given, overrides the measured share of slots drafted."""
     text = spec.strip()
     path = Path(text)
     if path.is_file():
@@ -252,7 +274,7 @@ def load_acceptance(spec: str, num_draft_tokens: int, empirical: bool = False) -
         single = len(values) == 1
         model = AcceptanceModel.of_rate(values[0]) if single else AcceptanceModel.of_rates(values)
     model.check_covers(num_draft_tokens)
-    return model
+    return model if draft_share is None else replace(model, draft_share=float(draft_share))
 
 
 def _of_file(path: Path, num_draft_tokens: int, empirical: bool) -> AcceptanceModel:
@@ -263,7 +285,8 @@ def _of_file(path: Path, num_draft_tokens: int, empirical: bool) -> AcceptanceMo
         return rate_of_step_record(path, num_draft_tokens)
     if name.endswith(".json"):
         return _of_json(path, empirical)
-    return AcceptanceModel.of_histogram(metrics_histogram(path), f"/metrics of {path}", empirical)
+    model = AcceptanceModel.of_histogram(metrics_histogram(path), f"/metrics of {path}", empirical)
+    return replace(model, draft_share=metrics_draft_share(path))
 
 
 def _rates(text: str) -> list[float]:
@@ -286,15 +309,21 @@ def _of_json(path: Path, empirical: bool) -> AcceptanceModel:
     if isinstance(data, dict) and "rates" in data:
         if empirical:
             raise ValueError(f"{path}: empirical draws need accepted_lengths, not rates")
-        return AcceptanceModel.of_rates(_numbers(data["rates"], path), f"rates of {path}")
+        model = AcceptanceModel.of_rates(_numbers(data["rates"], path), f"rates of {path}")
+        return replace(model, draft_share=data.get("draft_share", 1.0))
     if isinstance(data, dict) and "accepted_lengths" in data:
         counts = list(data["accepted_lengths"])
+        share = data.get("draft_share")
+        undrafted = data.get("undrafted_slots")
+        if share is None and isinstance(undrafted, int) and sum(counts) + undrafted > 0:
+            share = sum(counts) / (sum(counts) + undrafted)
         k = data.get("num_draft_tokens")
         if k is not None:
             if not isinstance(k, int) or len(counts) > k + 1:
                 raise ValueError(f"{path}: accepted lengths past num_draft_tokens {k!r}")
             counts += [0] * (k + 1 - len(counts))
-        return AcceptanceModel.of_histogram(counts, f"accepted lengths of {path}", empirical)
+        model = AcceptanceModel.of_histogram(counts, f"accepted lengths of {path}", empirical)
+        return replace(model, draft_share=1.0 if share is None else share)
     raise ValueError(f"{path}: expected a JSON object with 'rates' or 'accepted_lengths'")
 
 
@@ -325,6 +354,19 @@ def metrics_histogram(path: Path) -> list[int]:
     if any(c < 0 for c in counts):
         raise ValueError(f"{path}: the {METRIC} buckets are not cumulative")
     return counts
+
+
+def metrics_draft_share(path: Path) -> float:
+    """The share of decode slots that carried a draft, from a saved ``/metrics`` page's
+    counters summed over replicas (1 without the undrafted counter, or without slots)."""
+    text = path.read_text(encoding="utf-8")
+    drafted, undrafted = (
+        sum(float(m[1]) for m in re.finditer(f"^{name}" + r"(?:\{[^}]*\})?\s+(\S+)", text, re.M))
+        for name in (DRAFTED, UNDRAFTED)
+    )
+    if UNDRAFTED not in text or drafted + undrafted <= 0:
+        return 1.0
+    return drafted / (drafted + undrafted)
 
 
 def rate_of_step_record(path: Path, num_draft_tokens: int) -> AcceptanceModel:
