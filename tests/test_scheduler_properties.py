@@ -403,10 +403,15 @@ def _state(s: Scheduler) -> object:
             s.reservation.steps)  # fmt: skip
 
 
-SchedulerMachine.TestCase.settings = settings(
-    max_examples=300,
-    stateful_step_count=60,
-    deadline=None,
-    suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much],
-)
+def machine_settings(max_examples: int, steps: int) -> settings:
+    """A state machine's Hypothesis budget: runs, and calls a run."""
+    return settings(
+        max_examples=max_examples,
+        stateful_step_count=steps,
+        deadline=None,
+        suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much],
+    )
+
+
+SchedulerMachine.TestCase.settings = machine_settings(300, 60)
 TestSchedulerMachine = SchedulerMachine.TestCase

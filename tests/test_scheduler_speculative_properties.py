@@ -17,7 +17,7 @@ from collections.abc import Sequence
 from dataclasses import replace
 from typing import Any
 
-from hypothesis import HealthCheck, event, settings
+from hypothesis import event
 from hypothesis import strategies as st
 from hypothesis.stateful import initialize, precondition, rule
 from test_scheduler_properties import (
@@ -26,6 +26,7 @@ from test_scheduler_properties import (
     VOCAB,
     SchedulerMachine,
     fresh,
+    machine_settings,
     sampled,
     sampled_token,
 )
@@ -226,12 +227,7 @@ class SpeculativeMachine(SchedulerMachine):
             assert (self.delivered.get(rid, []), t.reason) == (got[rid], ended[rid]), rid
 
 
-SpeculativeMachine.TestCase.settings = settings(
-    max_examples=80,
-    stateful_step_count=50,
-    deadline=None,
-    suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much],
-)
+SpeculativeMachine.TestCase.settings = machine_settings(80, 50)
 TestSpeculativeMachine = SpeculativeMachine.TestCase
 
 

@@ -124,8 +124,9 @@ class Completion:
     def _append(
         self, reqs: Iterable[Request], tokens: Mapping[str, int] | None, events: list[Event]
     ) -> None:
-        """Each of ``reqs``' sampled token (of a slot without a draft: an int)."""
-        for req in reqs:  # _deliver, inlined: the simulator's hot path
+        """Each of ``reqs``' sampled token (an int): a ``TokenOut``, and the request's end if the
+        token ends it."""
+        for req in reqs:
             token = PLACEHOLDER_TOKEN if tokens is None else tokens[req.rid]
             output = req.output
             events.append(TokenOut(req.rid, token, not output))
@@ -134,16 +135,6 @@ class Completion:
                 self._finish(req, FinishReason.STOP, events)
             elif len(output) >= req.max_new_tokens:
                 self._finish(req, FinishReason.LENGTH, events)
-
-    def _deliver(self, req: Request, token: int, events: list[Event]) -> None:
-        """A ``TokenOut`` of ``token``, and the request's end if the token ends it."""
-        output = req.output
-        events.append(TokenOut(req.rid, token, not output))
-        output.append(token)
-        if token in req.stop_token_ids:
-            self._finish(req, FinishReason.STOP, events)
-        elif len(output) >= req.max_new_tokens:
-            self._finish(req, FinishReason.LENGTH, events)
 
     def _verify(
         self, req: Request, slot: DecodeSlot, new: Sequence[int], events: list[Event]
@@ -156,7 +147,7 @@ class Completion:
         req.num_planned = slot.position + kept  # before a finish releases its pages
         req.draft_in_flight = 0
         for token in new[:kept]:
-            self._deliver(req, token, events)
+            self._append((req,), {req.rid: token}, events)
         if req.status is RequestStatus.DECODING:
             self._hold(req, HeldPages((), surplus_pages(req, self.page_size)))
 
