@@ -16,9 +16,11 @@ ROOT = Path(__file__).resolve().parents[1]
 STEPS = """
 import resource, sys
 import engine.runner.model_runner  # what a runner process has imported (and allocated) first
-from engine.runner.host_memory import keep_large_blocks
+from engine.runner.host_memory import M_MMAP_THRESHOLD, keep_large_blocks, mallopt
 if sys.argv[1] == "keep":
     assert keep_large_blocks()
+else:  # glibc's default threshold, held there (a large free before may otherwise raise it)
+    assert mallopt((M_MMAP_THRESHOLD, 128 << 10))
 import torch
 pool = torch.zeros(70000, 3, 64)
 slots = torch.randperm(70000)[:40980]
