@@ -23,6 +23,6 @@ export FLASHINFER_WORKSPACE_BASE=/tmp/flashinfer-ws
 export MAX_JOBS=16
 # NVLink multicast stays off on the shared multi-GPU hosts
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
-python3 -c "import flashinfer, zmq, msgspec, fastapi, uvicorn, simpy, plotly, lab.cli.engine, lab.cli.sim" \
+python3 -c "import flashinfer, zmq, msgspec, fastapi, uvicorn, simpy, plotly, pyinstrument, lab.cli.engine, lab.cli.sim" \
     || return 1
 echo "gpu env ready: $(ls "$SITE/flashinfer/data/aot" 2>/dev/null | wc -l) precompiled FlashInfer modules"

@@ -11,7 +11,7 @@ PyPI), then send ``.gpu`` along and start each remote command with
 What ``.gpu/`` holds:
 
 - ``wheels/``: cp312 wheels of the serving and simulator dependencies that the
-  machine lacks (ZeroMQ, msgspec, FastAPI and its stack, uvicorn, SimPy, Plotly);
+  machine lacks (ZeroMQ, msgspec, FastAPI and its stack, uvicorn, SimPy, Plotly, pyinstrument);
 - ``flashinfer.tar.gz``: ``flashinfer-python`` 0.2.14.post1 from its source
   archive, with the CUDA sources and headers (CUTLASS, spdlog) it compiles its
   kernels from on first use (JIT, about two minutes on that machine; the
@@ -56,6 +56,7 @@ WHEELS = [
     "yarl==1.25.1",
     "propcache==0.5.4",
     "idna==3.20",
+    "pyinstrument==5.1.3",  # engine serve --host-profile
 ]
 PLATFORMS = [
     "manylinux_2_28_x86_64",

@@ -16,6 +16,9 @@
 #   interactive  one stream at a time over HTTP (1k and 8k prompts): TTFT and TPOT against
 #             one prefill and one batch-1 decode step, and the runner's batch-1 step, both
 #             kernel variants, Llama-3.1-8B and Qwen3-0.6B shapes
+#   hostpath  one Qwen3-0.6B stream (1k prompt, 256 tokens), plain and then with
+#             `engine serve --host-profile` (every process's call tree, OUT_DIR/host_profile/)
+#             and the step record (OUT_DIR/hostpath_steps.csv): where the host's time per token goes
 #   overlap   idle GPU time between decode steps, overlap on and off
 #   attribution  `sim validate` with the engine's step record (error attribution) on the
 #             Azure conversation trace, a busy window of the code trace and three long-prompt
@@ -173,6 +176,15 @@ for part in $parts; do
             --runner-steps --out "$out/interactive_llama8b.json"
         run interactive_qwen3 240 python3 benchmarks/gpu/interactive.py --model qwen3-0.6b \
             --port 18600 --variants base,fused --runner-steps --out "$out/interactive_qwen3.json"
+        ;;
+    hostpath)  # one Qwen3-0.6B stream: plain, then with every process's host profile
+        for prof in 0 1; do
+            extra=()
+            [ "$prof" = 1 ] && extra=(--serve-args --host-profile "$out/host_profile"
+                --record-steps "$out/hostpath_steps.csv")
+            run "hostpath_$prof" 200 python3 benchmarks/gpu/interactive.py --model qwen3-0.6b \
+                --port 18700 --prompts 1024 --repeats 5 --out "$out/hostpath_$prof.json" "${extra[@]}"
+        done
         ;;
     overlap) run overlap 300 python3 benchmarks/gpu/overlap.py --out "$out/overlap.json" ;;
     attribution)  # sim validate with the engine's step record: three traces, three loads each

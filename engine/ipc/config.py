@@ -162,6 +162,12 @@ class ServeConfig:
         "STEM.replicaK.SUFFIX beside PATH",
         metavar="PATH",
     )
+    host_profile: str | None = setting(
+        None,
+        "sample every process's Python stacks from start to exit and write each one's call "
+        "tree to DIR at exit (engine.ipc.host_profile: text, speedscope, pyinstrument)",
+        metavar="DIR",
+    )
     hardware: str = derived("", "what scheduler rank 0 reports it runs on")
 
     scheduler = RunnerSetting[SchedulerConfig]()  # the KV pool the runner builds follows it

@@ -14,6 +14,7 @@ import zmq
 from engine.ipc import messages
 from engine.ipc.config import ServeConfig
 from engine.ipc.heap import freeze_heap
+from engine.ipc.host_profile import serving
 
 SIGNAL_CHECK_MS = 500
 
@@ -49,9 +50,10 @@ def open_sockets(
 
 def report_ready(cfg: ServeConfig, ctx: Context, role: str, rank: int, **info: object) -> None:
     """Tell the launcher this child is ready to serve, its start-up heap frozen first
-    (``cfg.gc_freeze``)."""
+    (``cfg.gc_freeze``) and its host profile started (``cfg.host_profile``)."""
     if cfg.gc_freeze:
         freeze_heap()
+    serving()
     sock = ctx.socket(zmq.PUSH)
     sock.setsockopt(zmq.LINGER, 2000)
     sock.connect(cfg.ready_addr)

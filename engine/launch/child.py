@@ -17,6 +17,7 @@ import time
 from pathlib import Path
 
 from engine.ipc.config import ServeConfig
+from engine.ipc.host_profile import profiled
 from engine.launch.rundir import remove_run_dir
 
 ROLES = ("tokenizer", "detokenizer", "scheduler")
@@ -85,8 +86,10 @@ def main(argv: list[str] | None = None) -> int:
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, _exit_once)
     die_with_parent(cfg.parent_pid, Path(cfg.run_dir))
-    setup_logging(cfg.log_level, cfg.child_name(role, rank))
-    run_role(cfg, role, rank)
+    name = cfg.child_name(role, rank)
+    setup_logging(cfg.log_level, name)
+    with profiled(cfg.host_profile, name):
+        run_role(cfg, role, rank)
     return 0
 
 

@@ -20,6 +20,7 @@ from core.scheduler import SchedulerConfig
 from core.scheduler.options import add_scheduler_flags, scheduler_config
 from core.settings import add_flags, given, positive_int, setting
 from engine.ipc.config import ServeConfig
+from engine.ipc.host_profile import check_dir
 from engine.launch.model_source import ModelSource
 from engine.launch.replicas import check_placement, gpu_count
 from engine.runner.args import RunnerArgs
@@ -92,6 +93,8 @@ def make_config(
         )
     if "record_steps" in values:
         values["record_steps"] = str(Path(values["record_steps"]).resolve())
+    if "host_profile" in values:
+        values["host_profile"] = str(check_dir(values["host_profile"]))
     context_len = source.context_len
     max_model_len = launch_options(args).max_model_len or context_len
     return ServeConfig(

@@ -20,6 +20,7 @@ from core.router.options import router_config
 from core.scheduler import SchedulerConfig
 from core.scheduler.options import scheduler_config
 from engine.ipc.config import ServeConfig
+from engine.ipc.host_profile import profiled
 from engine.launch.launcher import ChildDied, Launcher
 from engine.launch.model_source import resolve_source
 from engine.launch.options import build_parser, check_replicas, launch_options, make_config
@@ -85,7 +86,8 @@ def serve_main(argv: list[str] | None = None) -> int:
         cfg = replace(cfg, runner=replace(cfg.runner, scheduler=sized), hardware=info["hardware"])
         ranks = [ready[cfg.child_name("scheduler", 0, r)].info for r in range(cfg.dp_size)]
         pools = {r: (int(i["num_pages"]), int(i["host_pages"])) for r, i in enumerate(ranks)}
-        status = run_frontend(cfg, launcher, listener, pools)
+        with profiled(cfg.host_profile, "frontend"):
+            status = run_frontend(cfg, launcher, listener, pools)
     except ChildDied as exc:
         log.error("%s", exc)
         status = 1

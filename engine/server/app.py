@@ -14,6 +14,7 @@ from starlette.requests import Request
 
 from engine.ipc.config import ServeConfig
 from engine.ipc.heap import freeze_heap
+from engine.ipc.host_profile import serving
 from engine.server import native, openai_api
 from engine.server.context import ServerContext
 from engine.server.errors import APIError, ClientGone, error_body, error_response
@@ -43,6 +44,7 @@ def create_app(
         await frontend.start()
         if cfg.gc_freeze:
             freeze_heap()
+        serving()
         try:
             yield
         finally:
