@@ -165,10 +165,11 @@ def parse_flags(description: str, **defaults: float | str | Path) -> argparse.Na
     return parser.parse_args()
 
 
-def write_runs(path: Path, runs: list[dict[str, Any]]) -> None:
-    """A benchmark's runs as JSON in ``path``, with the command line that made them."""
+def write_runs(path: Path, runs: list[dict[str, Any]], **extra: Any) -> None:
+    """A benchmark's runs as JSON in ``path``, with the command line that made them (and
+    ``extra``'s keys, what the benchmark concludes from them)."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    out = {"command": "python " + " ".join(sys.argv), "runs": runs}
+    out = {"command": "python " + " ".join(sys.argv), "runs": runs, **extra}
     path.write_text(json.dumps(out, indent=2) + "\n")
     print(f"wrote {path}")
 

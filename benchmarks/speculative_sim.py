@@ -128,7 +128,7 @@ def sim_config(args: argparse.Namespace, profile: Path, k: int = 0, acceptance: 
               "dtype": profile_dtype(profile), "num_pages": args.num_pages,
               "prefix_cache": False, "seed": args.seed}  # fmt: skip
     if k:
-        values |= {"speculative": "ngram", "num_draft_tokens": k, "acceptance": acceptance}
+        values |= {"speculative": args.method, "num_draft_tokens": k, "acceptance": acceptance}
     return build_config(**values)
 
 

@@ -50,9 +50,10 @@ from sim.costs.presets import DTYPE_BYTES, hardware, model_shape
 from sim.costs.profile import display_path, profile_device
 
 SECTIONS = ("scheduler", "model", "costs", "pipeline")
-SPECULATIVE_METHODS = ("none", "ngram")
+SPECULATIVE_METHODS = ("none", "ngram", "synthetic")
 """``engine serve --speculative``'s drafters (``engine.speculative.METHODS``; a test keeps them
-equal): the simulator models the named drafter by its acceptance, its drafts are placeholders."""
+equal): the simulator models the named drafter by its acceptance, its drafts are placeholders
+(``synthetic``: the engine's set rates, given as ``--acceptance``)."""
 DEFAULT_DRAFT_TOKENS = 4
 """``--num-draft-tokens`` when ``--speculative`` is on and it is left out, as the engine's."""
 SCHEDULER_KEYS = frozenset(f.name for f in fields(SchedulerConfig))
@@ -114,8 +115,9 @@ class SimConfig:
     # (sim.costs.acceptance); the scheduler's num_draft_tokens bounds a draft
     speculative: str = setting(
         "none",
-        "speculative decoding, as engine serve --speculative: none, or ngram (modelled by "
-        f"--acceptance; --num-draft-tokens at most, {DEFAULT_DRAFT_TOKENS} when left out)",
+        "speculative decoding, as engine serve --speculative: none, ngram or synthetic (each "
+        f"modelled by --acceptance; --num-draft-tokens at most, {DEFAULT_DRAFT_TOKENS} when left "
+        "out)",
         choices=SPECULATIVE_METHODS,
     )
     acceptance: str | None = setting(

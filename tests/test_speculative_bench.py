@@ -1,11 +1,13 @@
-"""The pure parts of ``benchmarks/speculative.py`` and ``speculative_sim.py``: the workloads,
-the ``/metrics`` histogram and counters read into counts and their deltas (the draft share
-among them), the closed loop's arrivals, and the speed-up and error arithmetic. No server:
-the benchmark itself is run by hand."""
+"""The pure parts of ``benchmarks/speculative.py``, ``speculative_real.py`` and
+``speculative_sim.py``: the workloads, the ``/metrics`` histogram and counters read into
+counts and their deltas (the draft share among them), the closed loop's arrivals, the speed-up
+and error arithmetic, the crossover and the synthetic method's flags. No server: the
+benchmark itself is run by hand."""
 
 from __future__ import annotations
 
 import sys
+from argparse import Namespace
 from pathlib import Path
 from typing import Any
 
@@ -18,12 +20,13 @@ import serving_load
 from speculative import (
     CHAT_PROMPTS,
     COPY_FUNCTIONS,
-    acceptance_delta,
-    accepted_histogram,
+    SYNTHETIC_OUTPUT,
     chat_prompts,
     copy_prompts,
-    differences,
+    crossovers,
+    one_case,
 )
+from speculative_real import acceptance_delta, accepted_histogram, differences, speculative_args
 from speculative_sim import (
     acceptance_figures,
     closed_loop_arrivals,
@@ -136,4 +139,39 @@ def test_differences_name_the_first_token_that_differs() -> None:
     assert differences(plain, spec) == [
         {"request": 1, "first_difference": 2},
         {"request": 2, "first_difference": 0},
+    ]
+
+
+def case(c: int, plain: float, spec: float, workload: str = "chat", k: int = 4) -> dict[str, Any]:
+    return {
+        "workload": workload, "concurrency": c, "num_draft_tokens": k,
+        "real": {"speedup": spec / plain},
+    }  # fmt: skip
+
+
+def test_the_crossover_is_the_smallest_concurrency_where_speculation_is_slower() -> None:
+    cases = [case(16, 100, 90), case(1, 10, 15), case(4, 40, 38), case(8, 70, 75)]
+    cases += [case(1, 10, 12, k=2), case(4, 40, 44, k=2)]
+    rows = crossovers(cases)
+    found = [(r["num_draft_tokens"], r["crossover_concurrency"]) for r in rows]
+    assert found == [(4, 4), (2, None)]
+    assert list(rows[0]["speedup_by_concurrency"]) == [1, 4, 8, 16]
+    assert rows[0]["speedup_by_concurrency"][1] == pytest.approx(1.5)
+
+
+def test_synthetic_servers_get_their_flags_and_skip_the_output_check() -> None:
+    args = Namespace(method="synthetic", acceptance_rate="0.9,0.5", ngram_max=3, ngram_min=1)
+    assert speculative_args(args, 2) == (
+        "--speculative", "synthetic", "--num-draft-tokens", "2", "--acceptance-rate", "0.9,0.5",
+    )  # fmt: skip
+    ngram = Namespace(method="ngram", acceptance_rate=None, ngram_max=3, ngram_min=2)
+    assert speculative_args(ngram, 4)[-4:] == ("--ngram-max", "3", "--ngram-min", "2")
+    plain = throughput([request(0.0, 2.0, 20)]) | {"requests": [{"tokens": ["a"]}]}
+    spec = throughput([request(0.0, 1.0, 20)]) | {"requests": [{"tokens": ["b"]}]}
+    out = one_case(args, None, None, plain, spec, "chat", 4, 2)
+    assert out["real"]["differences"] is None
+    assert out["real"]["output_check"] == SYNTHETIC_OUTPUT
+    assert out["real"]["speedup"] == pytest.approx(2.0) and "sim" not in out
+    assert one_case(ngram, None, None, plain, spec, "chat", 4, 2)["real"]["differences"] == [
+        {"request": 0, "first_difference": 0}
     ]

@@ -11,9 +11,7 @@ through ``engine serve --speculative ngram``.
 
 from __future__ import annotations
 
-import itertools
-import time
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -21,16 +19,15 @@ import httpx
 import pytest
 import torch
 from conftest import running_server
+from speculative_loop import PASSAGE, Run, chat_ids, cpu_runner, run, spec_metrics
 from tp_helpers import tp_leader
 from transformers import AutoTokenizer
 
 from core.scheduler import DecodeSlot, Plan, PrefillChunk, SchedulerConfig
 from core.scheduler.drafter import NgramDrafter
-from engine.ipc.messages import TokenizedRequest
 from engine.models.setup import ensure_model
 from engine.runner import ModelRunner, RunnerArgs, StepInputs
 from engine.sampling import SamplingParams
-from engine.scheduler_proc.driver import Launched, LaunchFn, StepDriver
 from engine.scheduler_proc.recorder import StepRecorder
 from engine.speculative import DEFAULT_DRAFT_TOKENS, SpeculativeConfig
 from schema.steprecord import SPECULATIVE_COLUMNS, STEP_RECORD_COLUMNS, read_step_record
@@ -39,17 +36,7 @@ torch.set_num_threads(2)
 pytestmark = pytest.mark.slow
 
 NEW_TOKENS = 24
-PASSAGE = (
-    "The lighthouse keeper climbed the stairs every evening at dusk, lit the great lamp, "
-    "and wrote the weather in a small blue notebook before he went to sleep."
-)
-PROMPTS = {
-    "repeat": f"Repeat this text exactly, word for word:\n\n{PASSAGE}",
-    "chat0": "What is the capital of France?",
-    "chat1": "Write a haiku about the sea.",
-}
 GREEDY = SamplingParams(temperature=0.0, max_new_tokens=NEW_TOKENS)
-_ids = itertools.count()
 
 
 @pytest.fixture(scope="module")
@@ -59,66 +46,12 @@ def tokenizer() -> Any:
 
 @pytest.fixture(scope="module")
 def prompts(tokenizer: Any) -> dict[str, list[int]]:
-    out = {}
-    for name, text in PROMPTS.items():
-        ids = tokenizer.apply_chat_template(
-            [{"role": "user", "content": text}], add_generation_prompt=True, tokenize=True
-        )
-        out[name] = [int(i) for i in (ids["input_ids"] if not isinstance(ids, list) else ids)]
-    return out
+    return chat_ids(tokenizer)
 
 
 @pytest.fixture(scope="module")
 def runner() -> ModelRunner:
-    return ModelRunner(
-        RunnerArgs(model="smollm2-135m", scheduler=SchedulerConfig(num_pages=96), dtype="float32")
-    )
-
-
-@dataclass
-class Run:
-    """What a loop produced: tokens, log-probs and finish reason per request, and per step
-    the tokens each request got (several: verified drafts)."""
-
-    tokens: dict[str, list[int]] = field(default_factory=dict)
-    logprobs: dict[str, list[Any]] = field(default_factory=dict)
-    finish: dict[str, str] = field(default_factory=dict)
-    per_step: list[list[int]] = field(default_factory=list)
-
-
-def run(
-    runner: ModelRunner,
-    requests: dict[str, tuple[list[int], SamplingParams]],
-    k: int = 0,
-    overlap: bool = False,
-    launch: LaunchFn | None = None,
-    recorder: StepRecorder | None = None,
-) -> tuple[Run, StepDriver]:
-    """Serve ``requests`` (name -> prompt, params) to the end; ``k`` > 0 drafts with n-grams.
-    ``launch``: the runner's by default."""
-    config = SchedulerConfig(num_pages=96, num_draft_tokens=k)
-    drafter = NgramDrafter() if k else None
-    eos = runner.eos_token_ids
-    driver = StepDriver(config, launch or runner.launch, eos, recorder, drafter)
-    names = {}
-    for name, (prompt, params) in requests.items():
-        rid = f"{name}-{next(_ids)}"  # the runner outlives the driver: fresh ids every run
-        names[rid] = name
-        assert driver.add(TokenizedRequest(rid, prompt, params, 0.0, 0.0)) is None
-    out = Run()
-    in_flight: Launched | None = None
-    while driver.has_work() or in_flight is not None:
-        items, in_flight, _ = driver.advance(in_flight, overlap)
-        for item in items:
-            assert item.error is None, item.error
-            name = names[item.rid]
-            out.tokens.setdefault(name, []).extend(item.token_ids)
-            out.logprobs.setdefault(name, []).extend(item.logprobs)
-            if item.token_ids:
-                out.per_step.append(item.token_ids)
-            if item.finish_reason is not None:
-                out.finish[name] = item.finish_reason
-    return out, driver
+    return cpu_runner()
 
 
 def _greedy(prompts: dict[str, list[int]], **params: Any) -> dict[str, Any]:
@@ -229,12 +162,7 @@ def test_serve_speculative_equals_plain_server() -> None:
                 continue
             assert card["speculative"]["method"] == "ngram"
             assert card["speculative"]["num_draft_tokens"] == 3
-            metrics = server.metrics()
-            for _ in range(50):  # the counters come with the scheduler's next stats update
-                if metrics.get("engine_spec_decode_num_drafts_total"):
-                    break
-                time.sleep(0.1)
-                metrics = server.metrics()
+            metrics = spec_metrics(server)
             assert metrics["engine_spec_decode_num_drafts_total"] > 0
             assert "engine_spec_decode_num_undrafted_slots_total" in metrics
             assert metrics["engine_spec_decode_num_accepted_tokens_total"] > 0

@@ -17,7 +17,7 @@ from typing import Protocol
 from core.scheduler.plan import PLACEHOLDER_TOKEN
 from core.scheduler.request import Request
 
-__all__ = ["Drafter", "NgramDrafter", "PlaceholderDrafter"]
+__all__ = ["Drafter", "NgramDrafter", "PlaceholderDrafter", "RepeatDrafter"]
 
 
 class Drafter(Protocol):
@@ -35,6 +35,17 @@ class PlaceholderDrafter:
 
     def propose(self, req: Request, k: int) -> Sequence[int]:
         return (PLACEHOLDER_TOKEN,) * max(k, 0)
+
+
+class RepeatDrafter:
+    """Always ``k`` copies of the sequence's last token: real token ids without a drafting
+    model, for an acceptance rule that ignores them (the engine's ``--speculative synthetic``).
+    None for a request that holds no token (an engine request that scores its prompt keeps
+    no prompt in the core, and has no output yet)."""
+
+    def propose(self, req: Request, k: int) -> Sequence[int]:
+        last = req.output or req.prompt
+        return (last[-1],) * k if last and k > 0 else ()
 
 
 class NgramDrafter:

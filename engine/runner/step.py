@@ -16,7 +16,7 @@ import torch
 
 from engine.runner.inputs import StepOutput
 from engine.sampling.logprobs import PendingLogprobs, TokenLogprob
-from engine.sampling.verify import group_tokens, kept_rows
+from engine.sampling.verify import SlotVerifier, group_tokens, kept_rows
 
 
 def recorded_event(timing: bool = False) -> torch.cuda.Event:
@@ -87,11 +87,11 @@ class StepHandle:
         start, end = self.timing
         return float(start.elapsed_time(end))
 
-    def result(self) -> StepOutput:
-        """Tokens (a slot with a draft: its verified tokens) and log-probs (waits for the
-        device)."""
+    def result(self, verify: SlotVerifier | None = None) -> StepOutput:
+        """Tokens (a slot with a draft: its verified tokens, by ``verify`` when given, else the
+        standard rule) and log-probs (waits for the device)."""
         flat = self.tokens()
-        tokens = flat if self.drafts is None else group_tokens(flat, self.drafts)
+        tokens = flat if self.drafts is None else group_tokens(flat, self.drafts, verify)
         lp = self.logprobs
         if lp is None:
             return StepOutput(list(tokens))

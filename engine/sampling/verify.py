@@ -27,12 +27,15 @@ same), up to the logits' rounding in a batch of another shape.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from engine.sampling.params import SamplingParams
 
 Verified = int | list[int]
 """A sampled request's tokens from one step: an int without a draft, else the verified list."""
+SlotVerifier = Callable[[int, Sequence[int], Sequence[int]], list[int]]
+"""Another acceptance rule (``engine.speculative.synthetic``): ``(i, sampled, draft)`` -> the
+verified tokens of the ``i``-th request of the step, from its ``len(draft) + 1`` sampled."""
 
 
 def verify_draft(sampled: Sequence[int], draft: Sequence[int]) -> list[int]:
@@ -69,14 +72,20 @@ def expand_rows(
     return rows, index
 
 
-def group_tokens(flat: Sequence[int], drafts: Sequence[Sequence[int]]) -> list[Verified]:
+def group_tokens(
+    flat: Sequence[int], drafts: Sequence[Sequence[int]], verify: SlotVerifier | None = None
+) -> list[Verified]:
     """Per request (``drafts`` one entry each, empty without a draft), from the tokens of every
-    sampled row in order: the token, or the verified tokens of a slot with a draft."""
+    sampled row in order: the token, or the verified tokens of a slot with a draft (by
+    ``verify``, else ``verify_draft``)."""
     out: list[Verified] = []
     row = 0
-    for draft in drafts:
+    for i, draft in enumerate(drafts):
         if draft:
-            out.append(verify_draft(flat[row : row + len(draft) + 1], draft))
+            sampled = flat[row : row + len(draft) + 1]
+            out.append(
+                verify_draft(sampled, draft) if verify is None else verify(i, sampled, draft)
+            )
         else:
             out.append(int(flat[row]))
         row += len(draft) + 1

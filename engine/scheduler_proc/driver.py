@@ -17,7 +17,10 @@ still sampling gets ``FROM_LAST_SAMPLE``, which the model reads on the device.
 With a drafter (speculative decoding) the core puts a draft in a decoding
 request's slot; the step returns that slot's verified tokens, which the core
 appends (rolling back the rest), and the request's token item carries every
-token kept. ``speculative`` counts the drafts proposed and accepted.
+token kept. ``speculative`` counts the drafts proposed and accepted. With a
+synthetic ``acceptance`` (``engine.speculative.synthetic``) that rule, keyed by
+each request's id and output index, decides the accepted drafts instead of the
+model.
 
 With a ``StepRecorder`` every step that runs a plan on the model adds a row to
 the step record (``engine.scheduler_proc.recorder``).
@@ -47,11 +50,13 @@ from engine.runner.inputs import FROM_LAST_SAMPLE, PromptLogprobsRequest, StepIn
 from engine.runner.step import StepHandle
 from engine.sampling.logprobs import TokenLogprob, first_prompt_entry
 from engine.sampling.params import SamplingParams
+from engine.sampling.verify import SlotVerifier
 from engine.scheduler_proc.drafts import DraftCounters, accepted_tokens
 from engine.scheduler_proc.recorder import Launch, StepRecorder
 
 if TYPE_CHECKING:
     from core.scheduler.drafter import Drafter
+    from engine.speculative.synthetic import SyntheticAcceptance
 
 log = logging.getLogger(__name__)
 
@@ -93,6 +98,7 @@ class Launched:
     plan: Plan
     handle: StepHandle
     record: Launch | None = None  # what the step record knows of it so far
+    verify: SlotVerifier | None = None  # the synthetic acceptance of its drafts, if any
 
 
 class StepDriver:
@@ -105,9 +111,11 @@ class StepDriver:
         eos_token_ids: Sequence[int],
         recorder: StepRecorder | None = None,
         drafter: Drafter | None = None,
+        acceptance: SyntheticAcceptance | None = None,
     ):
         self.core = Scheduler(config, drafter=drafter)
         self.speculative = DraftCounters() if drafter is not None else None
+        self.acceptance = acceptance
         self.recorder = recorder
         self._unfinished = 0  # steps launched and not yet finished
         self.run_model = launch
@@ -215,19 +223,23 @@ class StepDriver:
         self._unfinished += 1
         if not plan.has_model_work:
             return Launched(plan, StepHandle(None))
-        handle = self.run_model(plan, self.inputs(plan))
+        inputs = self.inputs(plan)
+        handle = self.run_model(plan, inputs)
+        verify = None
+        if self.acceptance is not None and plan.num_draft_tokens:
+            verify = self.acceptance.verifier(plan.sampling_rids(), inputs.output_index)
         if self.recorder is None:
-            return Launched(plan, handle)
+            return Launched(plan, handle, verify=verify)
         launched = time.time()
         enqueued = launched if handle.enqueued is None else handle.enqueued
         times = (now, started, enqueued, launched)
-        return Launched(plan, handle, Launch.of(plan, times, in_flight, counts))
+        return Launched(plan, handle, Launch.of(plan, times, in_flight, counts), verify)
 
     def finish(self, launched: Launched) -> list[messages.TokenItem]:
         """Wait for ``launched``'s tokens and apply them; the token items, one per request."""
         plan = launched.plan
         self._unfinished -= 1
-        out = launched.handle.result()
+        out = launched.handle.result(launched.verify)
         self._keep_prompt_logprobs(plan, out)
         rids = plan.sampling_rids()
         tokens = dict(zip(rids, out.tokens, strict=False))

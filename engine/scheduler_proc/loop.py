@@ -82,7 +82,8 @@ def serve_rank0(cfg: ServeConfig, leader: TPLeader) -> None:
         runner.time_steps = True
         log.info("recording every step in %s", path)
     drafter = cfg.speculative.drafter()
-    engine = StepDriver(sched_cfg, leader.launch, cfg.eos_token_ids, recorder, drafter)
+    acceptance = cfg.speculative.acceptance()
+    engine = StepDriver(sched_cfg, leader.launch, cfg.eos_token_ids, recorder, drafter, acceptance)
     text = InlineText(cfg) if cfg.layout == "inline" else None
     ctx, inbox, (outputs, to_frontend) = open_sockets(
         cfg.scheduler_addr, cfg.token_addr, cfg.frontend_addr

@@ -1,4 +1,5 @@
-"""Speculative decoding, the engine's side: the drafter's settings.
+"""Speculative decoding, the engine's side: the drafter's settings, and the synthetic
+acceptance rule (``synthetic``).
 
 The scheduler core carries drafts in its plans and rolls back what the model
 rejects (``core.scheduler``); the runner verifies a draft in one forward pass

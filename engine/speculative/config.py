@@ -3,10 +3,14 @@
 ``none`` drafts nothing (plain decoding). ``ngram`` is prompt lookup
 (``core.scheduler.drafter.NgramDrafter``): the tokens that followed the latest
 earlier occurrence of the request's last ``ngram_max`` .. ``ngram_min`` tokens
-in its prompt and output. How many tokens a draft holds at most is the core's
-``num_draft_tokens`` (``--num-draft-tokens``); with ``ngram`` and that left
-out, ``DEFAULT_DRAFT_TOKENS``. Without a drafter the core drafts nothing, whatever
-``num_draft_tokens`` says (scheduler rank 0 logs a warning).
+in its prompt and output. ``synthetic`` drafts ``K`` tokens every time and
+accepts them at ``--acceptance-rate`` (required: one rate, or ``K``
+per-position rates), whatever the model says (``engine.speculative.synthetic``):
+for measuring the verify step with dummy weights. How many tokens a draft holds
+at most is the core's ``num_draft_tokens`` (``--num-draft-tokens``), ``K``;
+left out, the number of per-position rates given, else ``DEFAULT_DRAFT_TOKENS``.
+Without a drafter the core drafts nothing, whatever ``num_draft_tokens`` says
+(scheduler rank 0 logs a warning).
 """
 
 from __future__ import annotations
@@ -16,28 +20,40 @@ from typing import TYPE_CHECKING
 
 from core.scheduler import SchedulerConfig
 from core.settings import positive_int, setting
+from engine.speculative.synthetic import SyntheticAcceptance, check_rates, parse_rates
 
 if TYPE_CHECKING:
     from core.scheduler.drafter import Drafter
 
-METHODS = ("none", "ngram")
+METHODS = ("none", "ngram", "synthetic")
 DEFAULT_DRAFT_TOKENS = 4
 
 
 @dataclass(frozen=True)
 class SpeculativeConfig:
-    """The drafter of scheduler rank 0 (the other ranks follow the plans it makes)."""
+    """The drafter of scheduler rank 0 (the other ranks follow the plans it makes) and, for
+    ``synthetic``, the rule that accepts its drafts."""
 
     method: str = setting(
         "none",
-        "speculative decoding: none, or ngram (prompt lookup: drafts the tokens that followed "
-        f"the last n-gram's earlier occurrence; --num-draft-tokens at most, {DEFAULT_DRAFT_TOKENS} "
-        "when left out)",
+        "speculative decoding: none; ngram (prompt lookup: drafts the tokens that followed "
+        "the last n-gram's earlier occurrence); or synthetic (drafts K tokens every time and "
+        "accepts them at --acceptance-rate, whatever the model says: measures the verify step, "
+        f"e.g. with dummy weights); --num-draft-tokens K at most, {DEFAULT_DRAFT_TOKENS} when "
+        "left out",
         flag="--speculative",
         choices=METHODS,
     )
     ngram_max: int = setting(3, "ngram: the longest n-gram looked up", parse=positive_int)
     ngram_min: int = setting(1, "ngram: the shortest n-gram looked up", parse=positive_int)
+    acceptance_rate: tuple[float, ...] | None = setting(
+        None,
+        "synthetic (and required by it): the probability that a draft token is accepted when "
+        "the ones before it were, one rate for every position or K comma-separated rates, each "
+        "in [0, 1] (K, when --num-draft-tokens is left out)",
+        parse=parse_rates,
+        metavar="RATE[,RATE...]",
+    )
 
     @property
     def on(self) -> bool:
@@ -48,35 +64,60 @@ class SpeculativeConfig:
         ``--num-draft-tokens`` was given); ``ValueError`` on a combination that cannot run."""
         if self.method not in METHODS:
             raise ValueError(f"unknown --speculative {self.method!r}; known: {', '.join(METHODS)}")
-        k = scheduler.num_draft_tokens
+        synthetic = self.method == "synthetic"
+        rates = self.acceptance_rate
+        if rates is not None and not synthetic:
+            raise ValueError(
+                "--acceptance-rate sets the acceptance of --speculative synthetic, "
+                f"not of --speculative {self.method}"
+            )
         if not self.on:  # the core drafts nothing without a drafter, whatever its length
             return scheduler
+        if synthetic and rates is None:
+            raise ValueError(
+                "--speculative synthetic needs --acceptance-rate: one rate for every draft "
+                "position, or K comma-separated per-position rates"
+            )
         if not 1 <= self.ngram_min <= self.ngram_max:
             raise ValueError(
                 f"--ngram-min {self.ngram_min} and --ngram-max {self.ngram_max} must satisfy "
                 "1 <= min <= max"
             )
         if not k_given:
-            return replace(scheduler, num_draft_tokens=DEFAULT_DRAFT_TOKENS)
+            k = len(rates) if rates is not None and len(rates) > 1 else DEFAULT_DRAFT_TOKENS
+            scheduler = replace(scheduler, num_draft_tokens=k)
+        k = scheduler.num_draft_tokens
         if k < 1:
             raise ValueError(f"--speculative {self.method} needs --num-draft-tokens >= 1, got {k}")
+        if rates is not None:
+            check_rates(rates, k)
         return scheduler
 
     def drafter(self) -> Drafter | None:
         """The drafter the core calls when it places a decoding request (None: no drafts)."""
         if not self.on:
             return None
-        from core.scheduler.drafter import NgramDrafter
+        from core.scheduler.drafter import NgramDrafter, RepeatDrafter
 
-        return NgramDrafter(max_ngram=self.ngram_max, min_ngram=self.ngram_min)
+        if self.method == "ngram":
+            return NgramDrafter(max_ngram=self.ngram_max, min_ngram=self.ngram_min)
+        return RepeatDrafter()
+
+    def acceptance(self) -> SyntheticAcceptance | None:
+        """The rule that decides the accepted draft tokens in place of the model's (None: the
+        standard rule, ``engine.sampling.verify``)."""
+        if self.method != "synthetic" or self.acceptance_rate is None:
+            return None
+        return SyntheticAcceptance(self.acceptance_rate)
 
     def card(self, scheduler: SchedulerConfig) -> dict[str, object]:
         """What the model card says of it."""
         if not self.on:
             return {"method": "none"}
-        return {
+        out: dict[str, object] = {
             "method": self.method,
             "num_draft_tokens": scheduler.num_draft_tokens,
-            "ngram_max": self.ngram_max,
-            "ngram_min": self.ngram_min,
         }
+        if self.method == "synthetic":
+            return out | {"acceptance_rate": list(self.acceptance_rate or ())}
+        return out | {"ngram_max": self.ngram_max, "ngram_min": self.ngram_min}
