@@ -50,10 +50,11 @@ from sim.costs.presets import DTYPE_BYTES, hardware, model_shape
 from sim.costs.profile import display_path, profile_device
 
 SECTIONS = ("scheduler", "model", "costs", "pipeline")
-SPECULATIVE_METHODS = ("none", "ngram", "synthetic")
+SPECULATIVE_METHODS = ("none", "ngram", "self", "synthetic")
 """``engine serve --speculative``'s drafters (``engine.speculative.METHODS``; a test keeps them
 equal): the simulator models the named drafter by its acceptance, its drafts are placeholders
-(``synthetic``: the engine's set rates, given as ``--acceptance``)."""
+(``synthetic``: the engine's set rates, given as ``--acceptance``; ``self``: the drafting
+layers' time is not priced)."""
 DEFAULT_DRAFT_TOKENS = 4
 """``--num-draft-tokens`` when ``--speculative`` is on and it is left out, as the engine's."""
 SCHEDULER_KEYS = frozenset(f.name for f in fields(SchedulerConfig))
@@ -115,7 +116,7 @@ class SimConfig:
     # (sim.costs.acceptance); the scheduler's num_draft_tokens bounds a draft
     speculative: str = setting(
         "none",
-        "speculative decoding, as engine serve --speculative: none, ngram or synthetic (each "
+        "speculative decoding, as engine serve --speculative: none, ngram, self or synthetic (each "
         f"modelled by --acceptance; --num-draft-tokens at most, {DEFAULT_DRAFT_TOKENS} when left "
         "out)",
         choices=SPECULATIVE_METHODS,

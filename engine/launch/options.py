@@ -84,6 +84,12 @@ def make_config(
         vocab_limit=source.vocab_limit,
         scheduler=speculative.check(scheduler_config(args), k_given),
     )
+    if speculative.method == "self" and speculative.draft_layers is not None:
+        from engine.runner.model_runner import load_config
+        from engine.speculative.self_draft import check_self_draft
+
+        layers = load_config(runner)[0].num_layers
+        check_self_draft(speculative.draft_layers, layers, runner.tp_size)
     values = given(args, ServeConfig)
     layout = values.get("layout", "split")
     if layout != "split" and values.get("num_tokenizers", 1) > 1:

@@ -81,7 +81,7 @@ def serve_rank0(cfg: ServeConfig, leader: TPLeader) -> None:
         recorder = StepRecorder(path, speculative=cfg.speculative.on)
         runner.time_steps = True
         log.info("recording every step in %s", path)
-    drafter = cfg.speculative.drafter()
+    drafter = cfg.speculative.drafter(runner.model, sched_cfg.max_running)
     acceptance = cfg.speculative.acceptance()
     engine = StepDriver(sched_cfg, leader.launch, cfg.eos_token_ids, recorder, drafter, acceptance)
     text = InlineText(cfg) if cfg.layout == "inline" else None

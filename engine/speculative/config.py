@@ -3,7 +3,9 @@
 ``none`` drafts nothing (plain decoding). ``ngram`` is prompt lookup
 (``core.scheduler.drafter.NgramDrafter``): the tokens that followed the latest
 earlier occurrence of the request's last ``ngram_max`` .. ``ngram_min`` tokens
-in its prompt and output. ``synthetic`` drafts ``K`` tokens every time and
+in its prompt and output. ``self`` drafts with the served model's own first
+``--draft-layers`` layers (``engine.speculative.self_draft``: an early exit,
+a model-based drafter with no second checkpoint). ``synthetic`` drafts ``K`` tokens every time and
 accepts them at ``--acceptance-rate`` (required: one rate, or ``K``
 per-position rates), whatever the model says (``engine.speculative.synthetic``):
 for measuring the verify step with dummy weights. How many tokens a draft holds
@@ -24,8 +26,9 @@ from engine.speculative.synthetic import SyntheticAcceptance, check_rates, parse
 
 if TYPE_CHECKING:
     from core.scheduler.drafter import Drafter
+    from engine.models.llama import LlamaForCausalLM
 
-METHODS = ("none", "ngram", "synthetic")
+METHODS = ("none", "ngram", "self", "synthetic")
 DEFAULT_DRAFT_TOKENS = 4
 
 
@@ -37,7 +40,8 @@ class SpeculativeConfig:
     method: str = setting(
         "none",
         "speculative decoding: none; ngram (prompt lookup: drafts the tokens that followed "
-        "the last n-gram's earlier occurrence); or synthetic (drafts K tokens every time and "
+        "the last n-gram's earlier occurrence); self (the served model's first --draft-layers "
+        "layers, greedy: an early exit); or synthetic (drafts K tokens every time and "
         "accepts them at --acceptance-rate, whatever the model says: measures the verify step, "
         f"e.g. with dummy weights); --num-draft-tokens K at most, {DEFAULT_DRAFT_TOKENS} when "
         "left out",
@@ -46,6 +50,12 @@ class SpeculativeConfig:
     )
     ngram_max: int = setting(3, "ngram: the longest n-gram looked up", parse=positive_int)
     ngram_min: int = setting(1, "ngram: the shortest n-gram looked up", parse=positive_int)
+    draft_layers: int | None = setting(
+        None,
+        "self (and required by it): how many of the model's first layers draft (then its final "
+        "norm and LM head); fewer draft faster, more are accepted more often",
+        parse=positive_int,
+    )
     acceptance_rate: tuple[float, ...] | None = setting(
         None,
         "synthetic (and required by it): the probability that a draft token is accepted when "
@@ -71,6 +81,12 @@ class SpeculativeConfig:
                 "--acceptance-rate sets the acceptance of --speculative synthetic, "
                 f"not of --speculative {self.method}"
             )
+        if (self.draft_layers is not None) != (self.method == "self"):
+            raise ValueError(
+                "--draft-layers N goes with --speculative self (the model's first N layers "
+                f"draft), got --speculative {self.method}"
+                + ("" if self.draft_layers is not None else " without --draft-layers")
+            )
         if not self.on:  # the core drafts nothing without a drafter, whatever its length
             return scheduler
         if synthetic and rates is None:
@@ -93,14 +109,23 @@ class SpeculativeConfig:
             check_rates(rates, k)
         return scheduler
 
-    def drafter(self) -> Drafter | None:
-        """The drafter the core calls when it places a decoding request (None: no drafts)."""
+    def drafter(
+        self, model: LlamaForCausalLM | None = None, max_running: int = 1
+    ) -> Drafter | None:
+        """The drafter the core calls when it places a decoding request (None: no drafts);
+        ``self`` drafts with ``model`` (rank 0's), keeping ``max_running`` requests' caches."""
         if not self.on:
             return None
         from core.scheduler.drafter import NgramDrafter, RepeatDrafter
 
         if self.method == "ngram":
             return NgramDrafter(max_ngram=self.ngram_max, min_ngram=self.ngram_min)
+        if self.method == "self":
+            from engine.speculative.self_draft import SelfDrafter
+
+            if model is None or self.draft_layers is None:
+                raise ValueError("--speculative self drafts with the served model's layers")
+            return SelfDrafter(model, self.draft_layers, max_running)
         return RepeatDrafter()
 
     def acceptance(self) -> SyntheticAcceptance | None:
@@ -120,4 +145,6 @@ class SpeculativeConfig:
         }
         if self.method == "synthetic":
             return out | {"acceptance_rate": list(self.acceptance_rate or ())}
+        if self.method == "self":
+            return out | {"draft_layers": self.draft_layers}
         return out | {"ngram_max": self.ngram_max, "ngram_min": self.ngram_min}
