@@ -19,6 +19,11 @@
 #   hostpath  one Qwen3-0.6B stream (1k prompt, 256 tokens), plain and then with
 #             `engine serve --host-profile` (every process's call tree, OUT_DIR/host_profile/)
 #             and the step record (OUT_DIR/hostpath_steps.csv): where the host's time per token goes
+#   spec_profile  decode and verify steps (4 drafts) of the Llama-3.1-8B shape at batches 1-128
+#             -> OUT_DIR/spec_profile.csv
+#   spec_cross  speculative decoding's speed-up per concurrency (1,4,16,64: $SPEC_CONCURRENCY) with
+#             synthetic acceptance at the CPU's copy-heavy per-position rates ($SPEC_RATES), real
+#             against simulated with $SPEC_PROFILE (default OUT_DIR/spec_profile.csv)
 #   overlap   idle GPU time between decode steps, overlap on and off
 #   attribution  `sim validate` with the engine's step record (error attribution) on the
 #             Azure conversation trace, a busy window of the code trace and three long-prompt
@@ -185,6 +190,21 @@ for part in $parts; do
             run "hostpath_$prof" 200 python3 benchmarks/gpu/interactive.py --model qwen3-0.6b \
                 --port 18700 --prompts 1024 --repeats 5 --out "$out/hostpath_$prof.json" "${extra[@]}"
         done
+        ;;
+    spec_profile)  # decode and verify steps (4 drafts) of the Llama-3.1-8B shape, for spec_cross
+        run spec_profile 300 python3 -m lab.cli.engine profile --model llama-3.1-8b --dummy-weights \
+            --device cuda --tokenizer .gpu/tokenizer --decode-batches 1,4,16,32,64,128 \
+            --decode-contexts 128,1024 --verify-drafts 4 --prefill-tokens 64,512 --prefill-prefixes 0 \
+            --prefill-chunks 512 --mixed-batches 16 --mixed-prefixes 0 --mixed-contexts 1024 \
+            --mixed-prefill 256 --ragged-longest 4096 --repeats 3 --out "$out/spec_profile.csv"
+        ;;
+    spec_cross)  # where speculation stops paying: synthetic acceptance at the CPU's copy-heavy rates
+        run spec_cross 420 python3 benchmarks/speculative.py --model llama-3.1-8b \
+            --tokenizer .gpu/tokenizer --serve-args "$GPU_SERVE --num-pages 8192" \
+            --method synthetic --acceptance-rate "${SPEC_RATES:-0.6,0.85,0.89,0.83}" --ignore-eos \
+            --workloads chat --requests 32 --max-tokens 64 --k 4 \
+            --concurrency "${SPEC_CONCURRENCY:-1,4,16,64}" --profile "${SPEC_PROFILE:-$out/spec_profile.csv}" \
+            --out-dir "$out/spec" --json "$out/spec_cross.json"
         ;;
     overlap) run overlap 300 python3 benchmarks/gpu/overlap.py --out "$out/overlap.json" ;;
     attribution)  # sim validate with the engine's step record: three traces, three loads each
