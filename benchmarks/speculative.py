@@ -13,7 +13,9 @@ acceptance from the deltas of ``/metrics`` (accepted over draft tokens, the hist
 accepted draft tokens per verify slot). Per workload and K, the crossover: the smallest C
 whose speculating output tokens/s fall below the plain server's (``crossovers`` in the JSON).
 
-``--method ngram`` (the default) drafts by prompt lookup. ``--method synthetic
+``--method ngram`` (the default) drafts by prompt lookup; ``--method self --draft-layers N``
+with the served model's first N layers (the simulator prices those layers' time from the
+profile's batch-1 decode steps). ``--method synthetic
 --acceptance-rate R`` drafts K tokens every time and accepts them at the rates R, whatever
 the model says (``engine serve --speculative synthetic``): for a GPU with dummy weights,
 where only the verify step's cost means anything. Its output differs from plain decoding by
@@ -117,9 +119,10 @@ def parse_args() -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=Help)
     p.add_argument("--model", default=MODEL, help="the served model (the simulator's preset too)")
     p.add_argument("--tokenizer", help="engine serve --tokenizer (a known name or HF folder)")
-    p.add_argument("--method", default="ngram", choices=("ngram", "synthetic"),
+    p.add_argument("--method", default="ngram", choices=("ngram", "self", "synthetic"),
                    help="engine serve --speculative of the speculating servers")  # fmt: skip
     p.add_argument("--acceptance-rate", help="synthetic: engine serve --acceptance-rate, e.g. 0.7")
+    p.add_argument("--draft-layers", type=int, help="self: engine serve --draft-layers, e.g. 20")
     p.add_argument("--ignore-eos", action="store_true", help="every request --max-tokens out")
     p.add_argument("--workloads", default="copy,chat", help="comma-separated: copy, chat")
     p.add_argument("--requests", type=int, default=8, help="requests per workload")
@@ -146,6 +149,8 @@ def parse_args() -> argparse.Namespace:
     args = p.parse_args()
     if (args.method == "synthetic") != (args.acceptance_rate is not None):
         p.error("--acceptance-rate goes with --method synthetic, and only with it")
+    if (args.method == "self") != (args.draft_layers is not None):
+        p.error("--draft-layers goes with --method self, and only with it")
     return args
 
 
@@ -270,7 +275,8 @@ def main() -> None:
     settings = {
         key: getattr(args, key)
         for key in ("max_tokens", "requests", "threads", "num_pages", "method", "acceptance_rate",
-                    "ngram_max", "ngram_min", "ignore_eos", "tokenizer", "seed", "serve_args")
+                    "draft_layers", "ngram_max", "ngram_min", "ignore_eos", "tokenizer", "seed",
+                    "serve_args")
     }  # fmt: skip
     cases = []
     for name in workloads:

@@ -144,6 +144,8 @@ def speculative_args(args: argparse.Namespace, k: int) -> tuple[str, ...]:
     spec = ("--speculative", args.method, "--num-draft-tokens", str(k))
     if args.method == "synthetic":
         return (*spec, "--acceptance-rate", args.acceptance_rate)
+    if args.method == "self":
+        return (*spec, "--draft-layers", str(args.draft_layers))
     return (*spec, "--ngram-max", str(args.ngram_max), "--ngram-min", str(args.ngram_min))
 
 

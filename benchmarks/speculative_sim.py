@@ -129,6 +129,8 @@ def sim_config(args: argparse.Namespace, profile: Path, k: int = 0, acceptance: 
               "prefix_cache": False, "seed": args.seed}  # fmt: skip
     if k:
         values |= {"speculative": args.method, "num_draft_tokens": k, "acceptance": acceptance}
+        if args.method == "self":
+            values["draft_layers"] = args.draft_layers
     return build_config(**values)
 
 

@@ -53,8 +53,8 @@ SECTIONS = ("scheduler", "model", "costs", "pipeline")
 SPECULATIVE_METHODS = ("none", "ngram", "self", "synthetic")
 """``engine serve --speculative``'s drafters (``engine.speculative.METHODS``; a test keeps them
 equal): the simulator models the named drafter by its acceptance, its drafts are placeholders
-(``synthetic``: the engine's set rates, given as ``--acceptance``; ``self``: the drafting
-layers' time is not priced)."""
+(``synthetic``: the engine's set rates, given as ``--acceptance``; ``self``: its drafting
+layers priced too, ``draft_layers``)."""
 DEFAULT_DRAFT_TOKENS = 4
 """``--num-draft-tokens`` when ``--speculative`` is on and it is left out, as the engine's."""
 SCHEDULER_KEYS = frozenset(f.name for f in fields(SchedulerConfig))
@@ -141,6 +141,12 @@ class SimConfig:
         "drafts only where it finds a match); overrides the --acceptance measurement's, which "
         "is 1 for rates given by hand",
     )
+    draft_layers: int | None = setting(
+        None,
+        "self (and required by it): the engine's --draft-layers; each draft token costs the "
+        "drafting request that share of the model's layers of a batch-1 decode step at its "
+        "context, in the scheduler's time before the step's launch",
+    )
     seed: int = setting(
         0, "seed of the simulator's random draws (accepted draft tokens, slots drafted)"
     )
@@ -178,6 +184,15 @@ class SimConfig:
             )
         if self.acceptance_draw not in DRAWS:
             raise ValueError(f"unknown acceptance_draw {self.acceptance_draw!r}; known: {DRAWS}")
+        if (self.draft_layers is not None) != (self.speculative == "self"):
+            raise ValueError("draft_layers goes with speculative self, and self needs it")
+        if self.draft_layers is not None:
+            layers = model_shape(self.model).num_layers
+            if not 1 <= self.draft_layers < layers:
+                raise ValueError(
+                    f"draft_layers takes 1 to {layers - 1} of {self.model}'s {layers} layers, "
+                    f"got {self.draft_layers}"
+                )
         if not self.speculating:
             return
         k = self.scheduler.num_draft_tokens

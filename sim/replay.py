@@ -25,12 +25,12 @@ from sim.costs.acceptance import AcceptanceDraws
 from sim.costs.base import CpuCosts, GpuCostModel
 from sim.costs.colocation import read_colocation
 from sim.costs.copies import CopyCosts, copy_costs
-from sim.costs.presets import hardware
+from sim.costs.presets import hardware, model_shape
 from sim.costs.profile import cpu_costs_from
 from sim.costs.reach import Reach, reach_summary
 from sim.model.calls import RecordingScheduler
 from sim.model.cluster import Cluster
-from sim.model.drafter import SharedDrafter
+from sim.model.drafter import SharedDrafter, self_draft_price
 from sim.model.pipeline import Pipeline
 from sim.model.recorded_stages import RecordedStages
 from sim.model.replica import FLUSH_STEPS, Progress, Replica, RequestRecords, Streams
@@ -195,7 +195,13 @@ def build_replay(
         raise ValueError("the single pipeline runs one replica")
     sched_config = config.scheduler_config()
     acceptance = config.acceptance_model()
-    drafter = None if acceptance is None else SharedDrafter(acceptance.draft_share, config.seed)
+    drafter = None
+    if acceptance is not None:
+        price = None
+        if config.draft_layers is not None:
+            fraction = config.draft_layers / model_shape(config.model).num_layers
+            price = self_draft_price(fraction, gpu)
+        drafter = SharedDrafter(acceptance.draft_share, config.seed, price)
     schedulers: list[Any] = [Scheduler(sched_config, drafter) for _ in range(config.replicas)]
     if record_calls:
         schedulers = [RecordingScheduler(s) for s in schedulers]
@@ -210,6 +216,7 @@ def build_replay(
         layout=config.layout,
         acceptance=acceptance,
         seed=config.seed,
+        drafter=drafter,
     )
     request_writer, request_memory = _kept(tables.requests, tables.keep)
     built = BuiltReplay(

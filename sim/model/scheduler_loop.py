@@ -40,8 +40,9 @@ Speculative decoding (``LoopSettings.acceptance``): the core, built with the
 placeholder drafter, gives decode slots drafts; the loop prices such a step by
 its shape (a slot with a draft is an extend of its token and draft, as the
 engine lays it out), draws how many drafts each slot accepts when it prices
-it (``sim.costs.acceptance``), and passes them to ``complete``. The core keeps
-speculating steps out of decode runs.
+it (``sim.costs.acceptance``), and passes them to ``complete``; a drafter that
+runs a model adds its drafts' time to the step's scheduling (``sim.model.drafter``).
+The core keeps speculating steps out of decode runs.
 
 Fast-forward: when the core says the next k steps are identical pure-decode
 steps (with overlap: and a pure decode is in flight), the loop prices all k
@@ -71,9 +72,10 @@ from sim.costs.base import CpuCosts, GpuCostModel
 from sim.costs.colocation import kind_of
 from sim.costs.copies import CopyCosts
 from sim.costs.reach import Reach
+from sim.model.drafter import SharedDrafter
 from sim.model.frontend import Leave, Streamed
 from sim.model.shared_gpu import Piece, Seat, debt_first
-from sim.model.step_record import StepRecordLog
+from sim.model.step_record import StepRecordLog, drafts_of
 
 Process = Generator[simpy.Event, Any, None]
 Stepping = Generator[simpy.Event, Any, "Launched | None"]  # returns the plan left in flight
@@ -121,6 +123,7 @@ class LoopSettings:
     layout: str = "split"  # the engine's process layout (``schema.layouts.LAYOUTS``)
     acceptance: AcceptanceModel | None = None  # speculative decoding: drafts accepted
     seed: int = 0  # of the acceptance draws
+    drafter: SharedDrafter | None = None  # its drafts' cost is the loop's (a model that drafts)
 
     def copy_time(self, plan: Plan, page_size: int) -> float:
         """The time of ``plan``'s copies: its writes, then its loads."""
@@ -215,7 +218,7 @@ class SimSchedulerLoop:
         start = env.now
         shape = StepShape.of_plan(plan)
         accepted = self._accepted(plan)
-        schedule = self.cpu.schedule_time(plan.batch_size)
+        schedule = self.cpu.schedule_time(plan.batch_size) + self._drafting()
         if self.seat is None:  # the step's time alone (its device part priced only if shared)
             duration = copies + self.gpu.step_time(shape) + schedule
         else:  # the device part stretched by the replicas beside it
@@ -228,7 +231,7 @@ class SimSchedulerLoop:
             times = (start, launched, launched, start + duration)
             self.record.add(
                 plan.step, times, math.nan, False, self._counts, len(plan.prefill), shape,
-                _drafts(plan, accepted),
+                drafts_of(plan, accepted),
             )  # fmt: skip
         stats = s.stats()
         yield env.timeout(duration)
@@ -245,7 +248,7 @@ class SimSchedulerLoop:
         ends; ``plan``'s compute starts once the GPU is free and its copies are done."""
         p, env, s = self.p, self.env, self.sched
         stats = s.stats()
-        schedule = cpu = self.cpu.schedule_time(plan.batch_size)
+        schedule = cpu = self.cpu.schedule_time(plan.batch_size) + self._drafting()
         shape = StepShape.of_plan(plan) if plan.has_model_work else None
         gpu = 0.0
         if shape is not None:
@@ -268,7 +271,7 @@ class SimSchedulerLoop:
                 in_flight = prev is not None and launch < prev.end
                 self.record.add(
                     plan.step, times, gpu, in_flight, self._counts, len(plan.prefill), shape,
-                    _drafts(plan, launched.accepted),
+                    drafts_of(plan, launched.accepted),
                 )  # fmt: skip
         if free > env.now:
             yield env.timeout(free - env.now)
@@ -285,6 +288,11 @@ class SimSchedulerLoop:
             if prev is None:
                 yield from self._stalled()
         return launched
+
+    def _drafting(self) -> float:
+        """What drafting cost in the last ``schedule`` call (a drafter that runs a model)."""
+        drafter = self.settings.drafter
+        return 0.0 if drafter is None else drafter.take_spent()
 
     def _accepted(self, plan: Plan) -> dict[str, int] | None:
         """The draft tokens each of ``plan``'s slots with a draft accepts (speculative decoding;
@@ -388,30 +396,12 @@ class SimSchedulerLoop:
             times = (begins[:j], begins[:j] + schedule, launched[:j], done[:j])
             first = (batch, context + batch, longest + 1)
             device = np.full(j, np.nan) if device is None else device[:j]
-            self._record_run_steps(self.record, run, times, device, prev, first, stats)
+            counts = (stats.num_waiting, stats.num_running)
+            prev_end = None if prev is None else prev.end
+            self.record.add_run(run.first_step, times, device, prev_end, counts, first)
         if run.in_flight is None:
             return None
         return Launched(run.in_flight, float(starts[j - 1] + gpu[j - 1]))
-
-    @staticmethod
-    def _record_run_steps(
-        record: StepRecordLog,
-        run: DecodeRun,
-        times: tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray],
-        device: np.ndarray,
-        prev: Launched | None,
-        first: tuple[int, int, int],
-        stats: SchedulerStats,
-    ) -> None:
-        """The step record of a run's steps; with overlap, a step is launched in flight when
-        the previous step's GPU work (``prev``'s for the first) had not ended."""
-        if prev is None:
-            in_flight = np.zeros(len(device), dtype=bool)
-        else:
-            launched, done = times[2], times[3]
-            in_flight = launched < np.concatenate(([prev.end], done[:-1]))
-        counts = (stats.num_waiting, stats.num_running)
-        record.add_run(run.first_step, times, device, in_flight, counts, first)
 
     def _wait_run(self, begins: np.ndarray, ends: np.ndarray, j: int) -> Generator[Any, Any, int]:
         """Wait for the end of the run's ``j``-th iteration; cut (``cut_run``) at t, wait for
@@ -449,8 +439,3 @@ class SimSchedulerLoop:
         self.steps_in_runs += run.k
         self.p.tokens_of_run(run.rids, token_times)
         self.p.record_run(run, starts, durations, stats)
-
-
-def _drafts(plan: Plan, accepted: dict[str, int] | None) -> tuple[int, int]:
-    """A step's draft tokens and those accepted (the speculating engine's record columns)."""
-    return plan.num_draft_tokens, sum(accepted.values()) if accepted else 0

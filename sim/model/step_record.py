@@ -29,6 +29,7 @@ from array import array
 import numpy as np
 import pandas as pd
 
+from core.scheduler.plan import Plan
 from core.scheduler.shape import StepShape
 from schema.steprecord import SHAPE_COLUMNS, SPECULATIVE_COLUMNS, STEP_RECORD_COLUMNS
 
@@ -79,13 +80,20 @@ class StepRecordLog:
         first_step: int,
         times: tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray],
         device_s: np.ndarray,
-        in_flight: np.ndarray,
+        prev_end: float | None,
         waiting_running: tuple[int, int],
         decode: tuple[int, int, int],
     ) -> None:
         """A run of pure-decode steps; ``decode`` = (batch, context, longest) of its first
-        step, both growing each step (``StepShape.decode``)."""
+        step, both growing each step (``StepShape.decode``). With overlap (``prev_end``: when
+        the GPU work of the step before the run ends) a step is launched in flight when the
+        previous step's GPU work had not ended."""
         k = len(device_s)
+        if prev_end is None:
+            in_flight = np.zeros(k, dtype=bool)
+        else:
+            launched, done = times[2], times[3]
+            in_flight = launched < np.concatenate(([prev_end], done[:-1]))
         f, i = self._floats, self._ints
         for name, t in zip(TIME_COLUMNS, times, strict=False):
             f[name].frombytes(np.asarray(t, dtype=np.float64).tobytes())
@@ -119,3 +127,8 @@ class StepRecordLog:
         data["enqueued"] = data["launched"]
         data |= {c: np.frombuffer(a, dtype=np.int64) for c, a in self._ints.items()}
         return pd.DataFrame(data, columns=self.columns)
+
+
+def drafts_of(plan: Plan, accepted: dict[str, int] | None) -> tuple[int, int]:
+    """A step's draft tokens and those accepted (the speculating engine's record columns)."""
+    return plan.num_draft_tokens, sum(accepted.values()) if accepted else 0
