@@ -267,7 +267,8 @@ def test_engine_serve_defaults_are_the_fields(tmp_path: Path) -> None:
 
 
 def test_engine_flags_reach_the_config_every_process_reads(tmp_path: Path) -> None:
-    changed = changed_settings(ServeConfig) | {"record_steps": str(tmp_path / "steps.csv")}
+    paths = {"record_steps": str(tmp_path / "steps.csv"), "host_profile": str(tmp_path / "prof")}
+    changed = changed_settings(ServeConfig) | paths
     runner = changed_settings(RunnerArgs)
     # only --layout split has tokenizer workers to count: the layout goes in a run of its own
     layout = {"layout": changed.pop("layout")}
