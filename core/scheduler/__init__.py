@@ -4,7 +4,7 @@ Plain Python on ints and lists: importing it imports neither torch nor zmq,
 and nothing in it reads a clock.
 """
 
-from core.scheduler.config import SchedulerConfig, SchedulerStats
+from core.scheduler.config import ROLES, SchedulerConfig, SchedulerStats
 from core.scheduler.drafter import Drafter, NgramDrafter, PlaceholderDrafter
 from core.scheduler.inflight import PlanOrderError
 from core.scheduler.pages import OutOfPages, PageAllocator
@@ -19,6 +19,7 @@ from core.scheduler.shape import StepShape
 __all__ = [
     *_plan_names,
     "POLICIES",
+    "ROLES",
     "Drafter",
     "NgramDrafter",
     "OutOfPages",

@@ -6,7 +6,9 @@ delivered as ``TokenOut`` events, a stop token or the output limit ends a
 request, and a slot with draft tokens rolls its request back to the verified
 ones (``core.scheduler.speculative``). Pages a request gives up go back to
 the pool at once, or when the plan in flight still using them completes
-(``core.scheduler.inflight``).
+(``core.scheduler.inflight``). In the prefill role a request that reaches
+its one planned token is handed off instead: its pages are held for their
+transfer (``core.scheduler.handoff``).
 """
 
 from __future__ import annotations
@@ -27,7 +29,9 @@ from core.scheduler.plan import (
     Plan,
     Preempted,
     TokenOut,
+    Transfer,
 )
+from core.scheduler.policy import Key
 from core.scheduler.request import Request, RequestStatus
 from core.scheduler.speculative import (
     Sampled,
@@ -50,6 +54,10 @@ class Completion:
     _changes: int
     config: SchedulerConfig
     drafter: Drafter | None
+    _waiting: list[tuple[Key, Request]]  # sorted by the policy's key
+    _aborted: list[Request]  # marked, released at the next step
+    _limits: dict[str, int]  # prefill role: rid -> its own max_new_tokens (it plans one here)
+    _transfers: dict[str, tuple[Transfer, HeldPages]]  # prefill role: pages held for transfer
 
     @property
     def speculative(self) -> bool:
@@ -151,12 +159,56 @@ class Completion:
         if req.status is RequestStatus.DECODING:
             self._hold(req, HeldPages((), surplus_pages(req, self.page_size)))
 
+    def _release_aborted(self) -> dict[str, int]:
+        """Release the requests aborted since the last step; their output token counts."""
+        if not self._aborted:
+            return {}
+        counts: dict[str, int] = {}
+        for req in self._aborted:
+            if self._limits:
+                self._lift_limit(req)
+            counts[req.rid] = len(req.output)
+            self.running.pop(req.rid, None)
+            del self.requests[req.rid]
+            self._release(req)
+        self._waiting = [e for e in self._waiting if e[1].rid not in counts]
+        self._aborted = []
+        return counts
+
     def _finish(self, req: Request, reason: FinishReason, events: list[Event]) -> None:
         req.status = RequestStatus.FINISHED
         del self.running[req.rid]
         del self.requests[req.rid]
+        if self._limits and self._lift_limit(req) and reason is FinishReason.LENGTH:
+            self._hand_off(req)
+            events.append(Finished(req.rid, FinishReason.HANDOFF, 1))
+            return
         self._release(req)
         events.append(Finished(req.rid, reason, len(req.output)))
+
+    def _lift_limit(self, req: Request) -> bool:
+        """Prefill role: give ``req`` its own output limit back; whether it had one kept (a
+        limit above one token, so that reaching one token hands it off)."""
+        limit = self._limits.pop(req.rid, None)
+        if limit is None:
+            return False
+        req.max_new_tokens = limit
+        return True
+
+    def _hand_off(self, req: Request) -> None:
+        """Prefill role: hold ``req``'s pages for their transfer. No plan in flight uses them:
+        the request was last placed by its sampling chunk, the plan completing now."""
+        assert not self.in_flight.uses(req.last_plan), "a handed-off request is never placed"
+        held = self.memory.take(req)
+        ship = Transfer(
+            req.rid,
+            tuple(held.pages),
+            req.prompt_len,
+            tuple(req.prompt),
+            req.output[0],
+            req.max_new_tokens,
+        )
+        self._transfers[req.rid] = (ship, held)
 
     def _release(self, req: Request) -> None:
         """Take a request's pages: back to the pool now, or when the plan in flight using them

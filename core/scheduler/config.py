@@ -5,7 +5,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from core.settings import derived
+
 HOST_KV_POLICIES = ("write_back", "write_through")
+ROLES = ("colocated", "prefill", "decode")  # prefill/decode disaggregation (core.scheduler.handoff)
 
 
 def _setting(default: Any, help: str) -> Any:
@@ -46,6 +49,12 @@ class SchedulerConfig:
     slot carries at most that many draft tokens per step, proposed by the
     ``Drafter`` the scheduler is built with (``core.scheduler.drafter``); 0, or
     no drafter, is the scheduler without speculation.
+
+    ``role`` is the instance's part in prefill/decode disaggregation
+    (``core.scheduler.handoff``): ``colocated`` (prefill and decode here, the
+    default), ``prefill`` (a request ends after its first token and its pages
+    wait for their transfer) or ``decode`` (requests arrive with their KV).
+    It is derived, not a flag: a launch that disaggregates sets it per instance.
     """
 
     num_pages: int | None = _setting(None, "KV pages; left out: as many as the KV memory holds")
@@ -72,6 +81,7 @@ class SchedulerConfig:
     num_draft_tokens: int = _setting(
         0, "draft tokens per decoding request and step (speculative decoding); 0: off"
     )
+    role: str = derived("colocated", "each instance's part in prefill/decode disaggregation")
 
     def __post_init__(self) -> None:
         for name in (
@@ -94,6 +104,8 @@ class SchedulerConfig:
                 f"host_kv_gb and host_kv_pages must be >= 0, got {self.host_kv_gb!r}"
                 f" and {self.host_kv_pages!r}"
             )
+        if self.role not in ROLES:
+            raise ValueError(f"unknown role {self.role!r}; known: {', '.join(ROLES)}")
         if self.host_kv_policy not in HOST_KV_POLICIES:
             raise ValueError(
                 f"unknown host_kv_policy {self.host_kv_policy!r};"

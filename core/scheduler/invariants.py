@@ -1,11 +1,11 @@
 """Invariants of the scheduler core, checked by the property tests.
 
-pages:   free + cached (radix) + private (requests) + held (for plans in flight)
-         == all pages, each exactly once
-shared:  a request's (or a held release's) first ``num_shared`` pages are radix
-         pages it keeps locked
-refs:    node.ref == number of running requests and held releases whose locked
-         prefix passes through it
+pages:   free + cached (radix) + private (requests, receiving ones included) + held
+         (for plans in flight) + held for transfer == all pages, each exactly once
+shared:  a request's (or a held release's, or a held transfer's) first
+         ``num_shared`` pages are radix pages it keeps locked
+refs:    node.ref == number of running requests, held releases and held transfers
+         whose locked prefix passes through it
 counts:  the cache's cached/evictable page counters match the tree
 tiers:   each cache node is on the device or the host (or both), the device part
          is a top subtree, locked nodes are on the device; host slots are free
@@ -22,6 +22,14 @@ drafts:  a request with draft tokens in flight was last placed by a plan in
          flight, whose slot for it carries exactly those tokens
 flight:  at most two plans are outstanding, oldest first, right after the last
          completed step
+roles:   colocated: nothing is incoming, receiving or held for transfer, no limit
+         is kept aside; prefill: no plan in flight has a decode slot, a live request
+         plans one output token (its own limit kept aside when above one), pages are
+         held for transfer only for requests that ended; decode: nothing is held for
+         transfer, an incoming request waits with its first token and no pages, a
+         receiving one holds pages for its prompt plus first token, has planned its
+         shared prefix only and was never placed (no plan in flight places it), and a
+         decoding request may hold the page of its next position (its reservation)
 """
 
 from __future__ import annotations
@@ -64,6 +72,8 @@ def page_owners(s: Scheduler) -> dict[int, str]:
         claim(req.pages[req.num_shared_pages :], req.rid)
     for held in s.in_flight.held():
         claim(held.pages[held.num_shared :], "held")
+    for held in s.held_for_transfer().values():
+        claim(held.pages[held.num_shared :], "transfer")
     _check(len(owner) == total, f"{total - len(owner)} pages are lost")
     return owner
 
@@ -73,12 +83,15 @@ def check_invariants(s: Scheduler) -> None:
     _check_cache(s, owner)
     ps = s.page_size
     outstanding = len(s.in_flight)
+    running_states = (
+        RequestStatus.PREFILLING,
+        RequestStatus.DECODING,
+        RequestStatus.ABORTED,
+        RequestStatus.RECEIVING,
+    )
     for rid, req in s.running.items():
         _check(req.rid == rid, "running map key mismatch")
-        _check(
-            req.status in (RequestStatus.PREFILLING, RequestStatus.DECODING, RequestStatus.ABORTED),
-            f"{rid} is running with status {req.status}",
-        )
+        _check(req.status in running_states, f"{rid} is running with status {req.status}")
         _check(len(req.pages) * ps >= req.num_planned, f"{rid} has too few pages")
         if req.status is RequestStatus.PREFILLING:
             _check(req.num_planned < req.fill_len, f"{rid} planned past its fill")
@@ -90,13 +103,18 @@ def check_invariants(s: Scheduler) -> None:
                 f"{rid} is {ahead} positions ahead of its output",
             )
             _check(req.planned_outputs <= req.max_new_tokens, f"{rid} planned past its limit")
-            _check(len(req.pages) == pages_for(req.num_planned, ps), f"{rid} holds extra pages")
+            reserved = s.config.role == "decode" and ahead == 0  # a landed request's next page
+            _check(
+                len(req.pages) == pages_for(req.num_planned, ps)
+                or (reserved and len(req.pages) == pages_for(req.num_planned + 1, ps)),
+                f"{rid} holds extra pages",
+            )
             _check_draft(s, req)
         elif req.status is RequestStatus.PREFILLING:
             _check(not req.draft_in_flight, f"prefilling {rid} has a draft in flight")
         for p in req.pages[: req.num_shared_pages]:
             _check(owner.get(p) == "cache", f"{rid} shares page {p} that the cache does not hold")
-    for held in s.in_flight.held():
+    for held in s.in_flight.held() + list(s.held_for_transfer().values()):
         for p in held.pages[: held.num_shared]:
             _check(owner.get(p) == "cache", f"a held release shares page {p} not in the cache")
 
@@ -111,6 +129,38 @@ def check_invariants(s: Scheduler) -> None:
     _check(outstanding <= 2, f"{outstanding} plans outstanding")
     expected = list(range(s.in_flight.completed + 1, s.step + 1))
     _check(steps == expected, f"outstanding steps {steps}, expected {expected}")
+    _check_roles(s)
+
+
+def _check_roles(s: Scheduler) -> None:
+    """The ``roles`` invariant."""
+    role = s.config.role
+    held = s.held_for_transfer()
+    _check(role == "prefill" or not held, f"a {role} scheduler holds pages for transfer")
+    _check(role == "prefill" or not s._limits, f"a {role} scheduler keeps output limits aside")
+    for rid in held:
+        _check(rid not in s.requests, f"{rid} is live and held for transfer")
+    if role == "prefill":
+        for plan in s.in_flight.plans():
+            _check(not plan.decode, f"a prefill-role plan (step {plan.step}) decodes")
+        for rid, req in s.requests.items():
+            _check(req.max_new_tokens == 1, f"{rid} plans {req.max_new_tokens} tokens")
+        for rid in s._limits:
+            _check(rid in s.requests, f"{rid} ended with its limit still kept aside")
+    placed = {c.rid for p in s.in_flight.plans() for c in p.prefill}
+    placed |= {d.rid for p in s.in_flight.plans() for d in p.decode}
+    ps = s.page_size
+    for rid, req in s.requests.items():
+        if req.status is RequestStatus.INCOMING:
+            _check(role == "decode", f"{rid} is incoming in a {role} scheduler")
+            _check(not req.pages and len(req.output) == 1, f"incoming {rid} holds pages")
+        elif req.status is RequestStatus.RECEIVING:
+            _check(role == "decode", f"{rid} is receiving in a {role} scheduler")
+            _check(s.running.get(rid) is req, f"receiving {rid} is not running")
+            _check(len(req.output) == 1, f"receiving {rid} has {len(req.output)} tokens")
+            _check(len(req.pages) == pages_for(req.fill_len, ps), f"receiving {rid}'s pages")
+            _check(req.num_planned == req.num_shared_pages * ps, f"receiving {rid} planned")
+            _check(req.last_plan == 0 and rid not in placed, f"{rid} placed before its KV landed")
 
 
 def _check_draft(s: Scheduler, req: Request) -> None:
@@ -154,6 +204,7 @@ def _check_cache(s: Scheduler, owner: dict[int, str]) -> None:
     locks: Counter[int] = Counter()
     lockers: list[RadixNode | None] = [r.cache_node for r in s.running.values()]
     lockers += [h.node for h in s.in_flight.held()]
+    lockers += [h.node for h in s.held_for_transfer().values()]
     for locked in lockers:
         while locked is not None and locked is not cache.root:
             locks[id(locked)] += 1

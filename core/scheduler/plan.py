@@ -61,7 +61,9 @@ __all__ = [
     "Plan",
     "Preempted",
     "PrefillChunk",
+    "Receive",
     "TokenOut",
+    "Transfer",
 ]
 
 PLACEHOLDER_TOKEN = -1  # the token recorded when the caller passes no tokens (simulation)
@@ -71,6 +73,7 @@ class FinishReason(StrEnum):
     LENGTH = "length"  # max_new_tokens reached
     STOP = "stop"  # a stop token (EOS or a user stop id) was sampled
     ABORT = "abort"  # aborted by the client or the server
+    HANDOFF = "handoff"  # prefill role: its first token is out, its KV goes to a decode instance
 
 
 class Blocked(StrEnum):
@@ -217,6 +220,32 @@ class Preempted:
 
 
 Event = TokenOut | Finished | Preempted
+
+
+@dataclass(frozen=True, slots=True)
+class Transfer:
+    """What a prefill-role scheduler hands off (``core.scheduler.handoff``): page ``i`` of
+    ``pages`` holds the KV of prompt positions ``[i * page_size, (i + 1) * page_size)``;
+    ``prompt`` is empty when the request has no token ids (hash keys, simulation);
+    ``max_new_tokens`` is the request's own limit, the first token included."""
+
+    rid: str
+    pages: tuple[int, ...]
+    prompt_len: int
+    prompt: tuple[int, ...]
+    first_token: int
+    max_new_tokens: int
+
+
+@dataclass(frozen=True, slots=True)
+class Receive:
+    """Where a decode-role scheduler takes a request's KV: fill ``pages`` with the prompt's
+    pages from index ``first`` on (``Transfer.pages[first:]``, one for one); the ``first``
+    before them its prefix cache holds already."""
+
+    rid: str
+    first: int
+    pages: tuple[int, ...]
 
 
 @dataclass(frozen=True, slots=True)

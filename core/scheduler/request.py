@@ -3,13 +3,21 @@
 State machine (a request advances when a plan *places* it, not when the plan completes)::
 
     WAITING ──admit──► PREFILLING ──last chunk placed──► DECODING ──► FINISHED (length | stop)
-       ▲                   │                                 │
-       └──── preempted ────┴─────────────────────────────────┘
+       ▲                   │                                 │  ▲
+       └──── preempted ────┴─────────────────────────────────┘  │ kv_landed
+    INCOMING ──admit──► RECEIVING ──────────────────────────────┘   (decode role)
     any state ──abort──► ABORTED (pages released at the next step)
+
+A decode-role scheduler (``core.scheduler.handoff``) takes requests whose KV
+a prefill instance computed: such a request waits as INCOMING, is admitted
+into RECEIVING (pages reserved, KV in transfer, never placed) and decodes
+once its KV landed. A prefill-role scheduler finishes a request after its
+first token (``FinishReason.HANDOFF``).
 
 The *fill* of a request is the sequence whose KV must be computed before it can
 decode: its prompt plus the tokens it has already generated (non-empty only
-after a preemption, which recomputes). The last fill chunk samples a token.
+after a preemption, which recomputes, and for a request whose KV arrives: its
+first token). The last fill chunk samples a token.
 
 Two counts describe progress: ``output`` holds the tokens of completed plans,
 ``num_planned`` counts the KV positions of every plan made so far, in flight
@@ -41,6 +49,8 @@ class RequestStatus(StrEnum):
     DECODING = "decoding"
     FINISHED = "finished"
     ABORTED = "aborted"
+    INCOMING = "incoming"  # decode role: waits for pages for the KV a prefill instance sends
+    RECEIVING = "receiving"  # decode role: pages reserved, its KV in transfer
 
 
 @dataclass(slots=True, eq=False)

@@ -45,6 +45,11 @@ One step, in order:
 A request is admitted with pages for its whole fill (prompt + output so far),
 so later chunks never allocate; only decode grows a request (and a rollback
 after a draft shrinks it).
+
+Prefill/decode roles (``core.scheduler.handoff``): a prefill-role scheduler
+plans one output token per request and holds its pages for their transfer; a
+decode-role one admits requests whose KV arrives (``add_incoming``) into
+pages that no plan uses until the caller reports them landed.
 """
 
 from __future__ import annotations
@@ -53,12 +58,11 @@ import bisect
 from collections.abc import Sequence
 
 from core.scheduler import decode_run
-from core.scheduler.completion import Completion
 from core.scheduler.config import SchedulerConfig, SchedulerStats
 from core.scheduler.drafter import Drafter
+from core.scheduler.handoff import Handoff
 from core.scheduler.inflight import InFlight
 from core.scheduler.memory import KVMemory
-from core.scheduler.pages import pages_for
 from core.scheduler.plan import (
     Blocked,
     DecodeRun,
@@ -69,10 +73,10 @@ from core.scheduler.plan import (
 from core.scheduler.policy import Key, get_policy
 from core.scheduler.request import Request, RequestRejected, RequestStatus, check_servable
 from core.scheduler.reservation import DecodeReservation
-from core.scheduler.speculative import draft_limit
+from core.scheduler.speculative import give_drafts
 
 
-class Scheduler(Completion):
+class Scheduler(Handoff):
     def __init__(self, config: SchedulerConfig, drafter: Drafter | None = None) -> None:
         self.config = config
         self.drafter = drafter
@@ -91,24 +95,40 @@ class Scheduler(Completion):
         self._run_checked = (-1, 0)  # (_changes, k) of the last decode_run_length
         self.prompt_tokens = 0
         self.cached_tokens = 0
+        self._limits = {}  # the roles' state (core.scheduler.handoff)
+        self._transfers = {}
+        self._receiving = []
 
     # ------------------------------------------------------------------ requests
     def add(self, req: Request) -> None:
-        """Queue a request. Raises ``RequestRejected`` if it can never be served."""
-        if req.rid in self.requests:
+        """Queue a request. Raises ``RequestRejected`` if it can never be served (or, in the
+        decode role, comes without its KV: ``add_incoming``)."""
+        if req.rid in self.requests or req.rid in self._transfers:
             raise RequestRejected(f"duplicate request id {req.rid!r}")
         check_servable(req, self.config)
+        role = self.config.role
+        if role == "decode":
+            raise RequestRejected(f"request {req.rid}: a decode scheduler takes it with its KV")
+        if role == "prefill" and req.max_new_tokens > 1:
+            self._limits[req.rid] = req.max_new_tokens  # the decode instance's to generate
+            req.max_new_tokens = 1
+        self._queue(req, RequestStatus.WAITING)
+
+    def _queue(self, req: Request, status: RequestStatus) -> None:
         self._changes += 1
-        req.status = RequestStatus.WAITING
+        req.status = status
         req.seq = self._seq
         self._seq += 1
         self.requests[req.rid] = req
         self._enqueue(req)
 
     def abort(self, rid: str) -> bool:
-        """Mark a live request aborted; its pages are released at the next step."""
+        """Mark a live request aborted; its pages are released at the next step. A request
+        handed off (prefill role) whose transfer failed: its pages are released now."""
         req = self.requests.get(rid)
-        if req is None or req.status is RequestStatus.ABORTED:
+        if req is None:
+            return self._end_transfer(rid)
+        if req.status is RequestStatus.ABORTED:
             return False
         self._changes += 1
         req.status = RequestStatus.ABORTED
@@ -168,7 +188,10 @@ class Scheduler(Completion):
             self.reservation.reset()
         preempted: list[str] = []
         placed = self._grow_decodes(preempted)
-        drafts = self._drafts(placed) if self.speculative else None
+        drafts = None
+        if self.speculative:
+            assert self.drafter is not None
+            drafts = give_drafts(placed, self.drafter, self.memory, self.config.num_draft_tokens)
 
         budget = self.config.max_prefill_tokens
         chunks: list[PrefillChunk] = []
@@ -234,26 +257,6 @@ class Scheduler(Completion):
         gone = set(preempted)
         return [r for r in placed if r.rid not in gone]
 
-    def _drafts(self, placed: list[Request]) -> list[tuple[int, ...]]:
-        """The draft of each placed request's slot, with pages for it; after every placed
-        request has its mandatory page, from free or evictable pages only."""
-        drafter, memory, ps = self.drafter, self.memory, self.page_size
-        assert drafter is not None
-        most = self.config.num_draft_tokens
-        drafts: list[tuple[int, ...]] = []
-        for req in placed:
-            k = draft_limit(req, most, ps, memory.num_free + memory.evictable)
-            draft: tuple[int, ...] = ()
-            if k > 0:
-                unknown = int(req.num_planned >= req.fill_len)  # the plan in flight samples it
-                draft = tuple(drafter.propose(req, k + unknown))[unknown : unknown + k]
-                need = pages_for(req.num_planned + 1 + len(draft), ps) - len(req.pages)
-                if need > 0:
-                    memory.make_room(need)
-                    memory.add_pages(req, need)
-            drafts.append(draft)
-        return drafts
-
     def _free_a_page(self, requester: Request, preempted: list[str]) -> bool:
         """Make a page free for ``requester``'s next position; False if it sits this step out.
 
@@ -276,8 +279,12 @@ class Scheduler(Completion):
             soon += sum(len(r.pages) - r.num_shared_pages for r in finishing.values())
             if soon > 0:
                 return False
-            victim = self.policy.victim(
-                [r for r in self.running.values() if r.rid not in finishing]
+            victim = self.policy.victim(  # a request whose KV is in transfer is not a victim
+                [
+                    r
+                    for r in self.running.values()
+                    if r.rid not in finishing and r.status is not RequestStatus.RECEIVING
+                ]
             )
             self._preempt(victim)
             preempted.append(victim.rid)
@@ -310,7 +317,8 @@ class Scheduler(Completion):
             reserved += growth
             self._start(req, need, now)
             admitted.append(req)
-            budget -= self._chunk(req, budget, chunks)
+            if req.status is RequestStatus.PREFILLING:
+                budget -= self._chunk(req, budget, chunks)
         if admitted and not self.policy.reorders:
             del self._waiting[: len(admitted)]  # admission took a prefix of the queue
         elif admitted:
@@ -326,9 +334,14 @@ class Scheduler(Completion):
         return [r for _, r in self._waiting[: max(room, 0) + 1]]
 
     def _start(self, req: Request, need: int, now: float) -> None:
-        """Admit ``req``: its cached prefix plus ``need`` fresh pages for the rest of its fill."""
+        """Admit ``req``: its cached prefix plus ``need`` fresh pages for the rest of its fill
+        (decode role: an incoming request's pages wait for its KV)."""
         self.memory.allocate_fill(req, need, self.step)
-        req.status = RequestStatus.PREFILLING
+        if req.status is RequestStatus.INCOMING:
+            req.status = RequestStatus.RECEIVING
+            self._receiving.append(req)
+        else:
+            req.status = RequestStatus.PREFILLING
         req.admitted_at = self.step
         if req.first_scheduled is None:
             req.first_scheduled = now
@@ -354,21 +367,6 @@ class Scheduler(Completion):
         req.status = RequestStatus.WAITING
         self._enqueue(req)
         self.reservation.reset()
-
-    # ------------------------------------------------------------------ release
-    def _release_aborted(self) -> dict[str, int]:
-        """Release the requests aborted since the last step; their output token counts."""
-        if not self._aborted:
-            return {}
-        counts: dict[str, int] = {}
-        for req in self._aborted:
-            counts[req.rid] = len(req.output)
-            self.running.pop(req.rid, None)
-            del self.requests[req.rid]
-            self._release(req)
-        self._waiting = [e for e in self._waiting if e[1].rid not in counts]
-        self._aborted = []
-        return counts
 
     def _enqueue(self, req: Request) -> None:
         bisect.insort(self._waiting, ((*self.policy.key(req), req.seq), req))

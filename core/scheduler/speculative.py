@@ -24,6 +24,8 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 
+from core.scheduler.drafter import Drafter
+from core.scheduler.memory import KVMemory
 from core.scheduler.pages import pages_for
 from core.scheduler.plan import PLACEHOLDER_TOKEN, DecodeSlot, Plan
 from core.scheduler.request import Request
@@ -39,6 +41,27 @@ def draft_limit(req: Request, most: int, page_size: int, spare_pages: int) -> in
     left = req.max_new_tokens - (position - req.prompt_len + 1) - 1  # planned_outputs, inlined
     room = (len(req.pages) + spare_pages) * page_size - position - 1
     return max(0, min(most, left, room))
+
+
+def give_drafts(
+    placed: list[Request], drafter: Drafter, memory: KVMemory, most: int
+) -> list[tuple[int, ...]]:
+    """The draft of each placed request's slot, with pages for it; after every placed
+    request has its mandatory page, from free or evictable pages only."""
+    ps = memory.page_size
+    drafts: list[tuple[int, ...]] = []
+    for req in placed:
+        k = draft_limit(req, most, ps, memory.num_free + memory.evictable)
+        draft: tuple[int, ...] = ()
+        if k > 0:
+            unknown = int(req.num_planned >= req.fill_len)  # the plan in flight samples it
+            draft = tuple(drafter.propose(req, k + unknown))[unknown : unknown + k]
+            need = pages_for(req.num_planned + 1 + len(draft), ps) - len(req.pages)
+            if need > 0:
+                memory.make_room(need)
+                memory.add_pages(req, need)
+        drafts.append(draft)
+    return drafts
 
 
 def check_results(
