@@ -11,10 +11,11 @@ from conftest import MODEL, Server
 from engine.server.protocol import ChatCompletionRequest, CompletionRequest
 from engine.server.translate import UNSUPPORTED
 
-# fields the server implements (sampling, prompt, streaming, log-probs, identifiers it logs)
+# fields the server implements (sampling, prompt, streaming, log-probs, identifiers it logs,
+# a prefill/decode pair's route: tests/test_pd_engine.py)
 IMPLEMENTED = {
     "model", "max_tokens", "temperature", "top_p", "top_k", "seed", "stop", "stop_token_ids",
-    "ignore_eos", "n", "stream", "stream_options", "priority", "user", "return_meta_info",
+    "ignore_eos", "n", "stream", "stream_options", "priority", "user", "return_meta_info", "pd",
 }  # fmt: skip
 CHAT_IMPLEMENTED = {
     "messages", "max_completion_tokens", "logprobs", "top_logprobs", "parallel_tool_calls",

@@ -86,7 +86,9 @@ class Detokenizer:
         if kept < len(item.token_ids):  # a stop string ended within the item's tokens
             output |= {name: output[name][:kept] for name in ("token_ids", "token_times")}
             output["logprobs"] = item.logprobs[:kept]
-        out = messages.TextItem(**output, text=text, error=item.error)
+        out = messages.TextItem(
+            **output, text=text, error=item.error, error_status=item.error_status
+        )
         prompt = item.prompt_logprobs
         if item.logprobs or prompt:
             out.pieces = self.pieces.of(item.logprobs + (prompt or []))

@@ -75,6 +75,11 @@ class ServeConfig:
     ``speculative`` names scheduler rank 0's drafter (``engine.speculative``); the
     core's ``num_draft_tokens`` bounds its drafts.
 
+    With ``scheduler.role`` ``prefill`` or ``decode`` (``--role``) the server is one half of
+    a prefill/decode pair (``engine.scheduler_proc.pd``): a decode server's scheduler binds
+    its hand-off socket and KV receiver on ``pd_host`` and reports their addresses
+    (``handoff_addr``, ``kv_addr``); ``pd_timeout`` bounds every wait of a hand-off.
+
     ``layout`` says which process tokenizes and detokenizes (``engine.launch.launcher``
     spawns the children it needs; ``engine.ipc.messages`` draws each layout's paths).
 
@@ -169,6 +174,19 @@ class ServeConfig:
         metavar="DIR",
     )
     hardware: str = derived("", "what scheduler rank 0 reports it runs on")
+    pd_host: str = setting(
+        "127.0.0.1",
+        "--role decode: the address its hand-off socket and KV receiver bind (tcp, free ports)",
+    )
+    pd_timeout: float = setting(
+        30.0,
+        "--role prefill|decode: seconds each wait of a hand-off may take (the other half of a "
+        "request, the decode server's answer, the KV's acknowledgment or landing) before the "
+        "request fails",
+        parse=positive_float,
+    )
+    handoff_addr: str = derived("", "--role decode: where its scheduler takes hand-offs")
+    kv_addr: str = derived("", "--role decode: where its scheduler's KV receiver listens")
 
     scheduler = RunnerSetting[SchedulerConfig]()  # the KV pool the runner builds follows it
     device = RunnerSetting[str]()

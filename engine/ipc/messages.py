@@ -10,6 +10,10 @@ Every message that concerns a request carries its ``rid``. The path of a request
     scheduler ──StatsUpdate──► frontend                (for /metrics)
     every child ──Ready──► launcher                    (after loading)
 
+A request of a prefill/decode pair (``--role prefill|decode``) carries a ``PDRoute``
+from the frontend to its scheduler; what the two schedulers say to each other is
+``engine.scheduler_proc.pd_wire``'s.
+
 That is ``--layout split``. With ``--layout frontend`` the frontend's own threads
 tokenize and detokenize (no tokenizer or detokenizer process)::
 
@@ -52,6 +56,15 @@ def new_rid() -> str:
     return uuid.uuid4().hex
 
 
+class PDRoute(msgspec.Struct, frozen=True):
+    """Where a request of a prefill/decode pair meets its other half: ``room`` names it on
+    both servers (the router gives both the same); ``decode`` is the decode server's
+    hand-off address, which the prefill server sends it to (empty on the decode server)."""
+
+    room: str
+    decode: str = ""
+
+
 class GenerateRequest(msgspec.Struct, tag=True, kw_only=True):
     """A request as the frontend received it: text, chat messages or token ids.
 
@@ -68,6 +81,7 @@ class GenerateRequest(msgspec.Struct, tag=True, kw_only=True):
     max_tokens_explicit: bool = True  # False: shrink max_new_tokens to fit the context
     session: str | None = None  # a client's conversation (prompt_cache_key or user), for the router
     replica: int = 0  # the replica the frontend placed it on
+    pd: PDRoute | None = None  # a request of a prefill/decode pair
 
 
 class TokenizedRequest(msgspec.Struct, tag=True):
@@ -77,6 +91,7 @@ class TokenizedRequest(msgspec.Struct, tag=True):
     received: float
     tokenized: float
     priority: int = 0
+    pd: PDRoute | None = None
 
 
 class AbortRequest(msgspec.Struct, tag=True):
@@ -115,11 +130,12 @@ class TokenItem(RequestOutput, kw_only=True):
 
     ``stop`` (the stop strings) rides along on the request's first item so the
     detokenizer needs no other channel. ``error`` set means the request was
-    rejected and never ran.
+    rejected and never ran, or failed (``error_status``: its HTTP status).
     """
 
     stop: list[str] | None = None
     error: str | None = None
+    error_status: int = 400
 
 
 class TokenBatch(msgspec.Struct, tag=True):
@@ -157,9 +173,23 @@ class SpeculativeStats(msgspec.Struct, frozen=True):
     undrafted_slots: int = 0
 
 
+class TransferStats(msgspec.Struct, frozen=True):
+    """KV transfers of a prefill or decode scheduler so far (``engine.scheduler_proc.pd``):
+    ended transfers by status (``ok``, ``timeout``, ``refused``, ``mismatch``), the bytes
+    and seconds of the ``ok`` ones (sent, or received), and now: the hand-offs open (waiting
+    for their other half, an answer or their KV) and the pages held for transfer."""
+
+    ended: dict[str, int] = {}
+    nbytes: int = 0
+    seconds: float = 0.0
+    open_handoffs: int = 0
+    pages_in_transfer: int = 0
+
+
 class StatsUpdate(msgspec.Struct, tag=True):
     """The scheduler core's counters at one moment, the preemptions so far, the time the
-    runner spent loading KV from the host tier, and (a speculating scheduler) its drafts."""
+    runner spent loading KV from the host tier, (a speculating scheduler) its drafts and (a
+    prefill or decode one) its KV transfers."""
 
     time: float
     stats: SchedulerStats
@@ -167,6 +197,7 @@ class StatsUpdate(msgspec.Struct, tag=True):
     replica: int = 0
     host_load_s: float = 0.0
     speculative: SpeculativeStats | None = None
+    transfers: TransferStats | None = None
 
 
 class Ready(msgspec.Struct, tag=True):

@@ -12,11 +12,12 @@ from __future__ import annotations
 
 import argparse
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from core.router.options import add_router_flags, router_config
 from core.scheduler import SchedulerConfig
+from core.scheduler.config import ROLES
 from core.scheduler.options import add_scheduler_flags, scheduler_config
 from core.settings import add_flags, given, positive_int, setting
 from engine.ipc.config import ServeConfig
@@ -47,6 +48,14 @@ class LaunchOptions:
         parse=positive_int,
     )
     ready_timeout: float = setting(600.0, "seconds the processes may take to get ready")
+    role: str = setting(
+        "colocated",
+        "this server's part in prefill/decode disaggregation: colocated (both), prefill (a "
+        "request ends after its first token and its KV goes to a decode server) or decode "
+        "(requests arrive with their KV); prefill and decode serve behind "
+        "`engine router --prefill URL --decode URL` (the scheduler core's role)",
+        choices=ROLES,
+    )
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -71,6 +80,25 @@ def check_replicas(cfg: ServeConfig, share_gpu: bool) -> None:
     check_placement(cfg.device, cfg.dp_size, cfg.tp_size, share_gpu, gpus)
 
 
+def check_role(role: str, runner: RunnerArgs, dp: int, speculative: SpeculativeConfig) -> None:
+    """Raise ``ValueError`` when a prefill or decode server cannot run as asked: its KV moves
+    from or into scheduler rank 0's pool, so one rank and one replica; it runs no drafter."""
+    if role == "colocated":
+        return
+    if runner.tp_size > 1:
+        raise ValueError(
+            f"--role {role} needs --tp 1: the KV transfer moves scheduler rank 0's pool, and "
+            f"with --tp {runner.tp_size} each rank holds a shard of it"
+        )
+    if dp > 1:
+        raise ValueError(f"--role {role} needs --dp 1: run one server per replica instead")
+    if speculative.on:
+        raise ValueError(
+            f"--role {role} with --speculative {speculative.method}: speculative decoding is "
+            "not served with prefill/decode disaggregation (run it colocated)"
+        )
+
+
 def make_config(
     args: argparse.Namespace, source: ModelSource, run_dir: Path, port: int | None = None
 ) -> ServeConfig:
@@ -78,11 +106,12 @@ def make_config(
     given, in place of ``--port``'s); ``ValueError`` on a bad setting."""
     speculative = SpeculativeConfig(**given(args, SpeculativeConfig))
     k_given = "num_draft_tokens" in given(args, SchedulerConfig)
+    role = launch_options(args).role
     runner = RunnerArgs(
         **given(args, RunnerArgs),
         model=source.model_path,
         vocab_limit=source.vocab_limit,
-        scheduler=speculative.check(scheduler_config(args), k_given),
+        scheduler=replace(speculative.check(scheduler_config(args), k_given), role=role),
     )
     if speculative.method == "self" and speculative.draft_layers is not None:
         from engine.runner.model_runner import load_config
@@ -91,6 +120,7 @@ def make_config(
         layers = load_config(runner)[0].num_layers
         check_self_draft(speculative.draft_layers, layers, runner.tp_size)
     values = given(args, ServeConfig)
+    check_role(role, runner, values.get("dp_size", 1), speculative)
     layout = values.get("layout", "split")
     if layout != "split" and values.get("num_tokenizers", 1) > 1:
         raise ValueError(

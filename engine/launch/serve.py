@@ -83,7 +83,13 @@ def serve_main(argv: list[str] | None = None) -> int:
         # the core as rank 0 (of replica 0) sized it, and each replica's pools
         info = ready[cfg.child_name("scheduler", 0)].info
         sized = msgspec.convert(info["scheduler"], SchedulerConfig)
-        cfg = replace(cfg, runner=replace(cfg.runner, scheduler=sized), hardware=info["hardware"])
+        cfg = replace(
+            cfg,
+            runner=replace(cfg.runner, scheduler=sized),
+            hardware=info["hardware"],
+            handoff_addr=info.get("handoff_addr", ""),  # a decode server's
+            kv_addr=info.get("kv_addr", ""),
+        )
         ranks = [ready[cfg.child_name("scheduler", 0, r)].info for r in range(cfg.dp_size)]
         pools = {r: (int(i["num_pages"]), int(i["host_pages"])) for r, i in enumerate(ranks)}
         with profiled(cfg.host_profile, "frontend"):

@@ -1,22 +1,34 @@
-"""``GET /metrics`` of the router: Prometheus text, one series per worker."""
+"""``GET /metrics`` of the router: Prometheus text, one series per worker.
+
+Behind a prefill/decode router every series also says the worker's ``role``.
+"""
 
 from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Sequence
 
 from engine.router.service import RouterService
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 
 
-def render(service: RouterService) -> str:
-    stats = service.core.stats()
+def render(services: Sequence[RouterService]) -> str:
     lines: list[str] = []
+
+    def role(service: RouterService) -> str:
+        return f',role="{service.role}"' if service.role else ""
 
     def family(name: str, kind: str, help_: str, samples: list[tuple[str, float]]) -> None:
         lines.extend((f"# HELP {name} {help_}", f"# TYPE {name} {kind}"))
         lines.extend(f"{name}{labels} {value:g}" for labels, value in samples)
 
     def per_worker(value: str) -> list[tuple[str, float]]:
-        return [(f'{{worker="{s.worker}"}}', float(getattr(s, value))) for s in stats]
+        return [
+            (f'{{worker="{s.worker}"{role(svc)}}}', float(getattr(s, value)))
+            for svc in services
+            for s in svc.core.stats()
+        ]
 
     family(
         "router_requests_routed_total",
@@ -53,29 +65,39 @@ def render(service: RouterService) -> str:
         "gauge",
         "1 while a worker gets new requests.",
         [
-            (f'{{worker="{s.worker}",state="{s.health.value}"}}', float(s.health == "healthy"))
-            for s in stats
+            (
+                f'{{worker="{s.worker}",state="{s.health.value}"{role(svc)}}}',
+                float(s.health == "healthy"),
+            )
+            for svc in services
+            for s in svc.core.stats()
         ],
     )
     family(
         "router_worker_failures_total",
         "counter",
         "Times each worker was found down.",
-        [(f'{{worker="{w}"}}', float(service.worker_failures[w])) for w in service.core.workers],
+        [
+            (f'{{worker="{w}"{role(svc)}}}', float(svc.worker_failures[w]))
+            for svc in services
+            for w in svc.core.workers
+        ],
     )
     family(
         "router_decisions_total",
         "counter",
         "Routing decisions by the policy's reason.",
         [
-            (f'{{policy="{service.core.config.policy}",reason="{r}"}}', float(n))
-            for r, n in sorted(service.core.decisions.items())
+            (f'{{policy="{svc.core.config.policy}",reason="{r}"{role(svc)}}}', float(n))
+            for svc in services
+            for r, n in sorted(svc.core.decisions.items())
         ],
     )
+    rejected = sum((svc.rejected for svc in services), Counter[str]())
     family(
         "router_requests_rejected_total",
         "counter",
         "Requests the router answered itself.",
-        [(f'{{reason="{r}"}}', float(n)) for r, n in sorted(service.rejected.items())],
+        [(f'{{reason="{r}"}}', float(n)) for r, n in sorted(rejected.items())],
     )
     return "\n".join(lines) + "\n"

@@ -35,8 +35,14 @@ class HealthCheck:
 
 
 class RouterService:
-    def __init__(self, workers: list[str], config: RouterConfig, check: HealthCheck) -> None:
+    """``role``: which workers these are behind a prefill/decode router (``prefill`` or
+    ``decode``; empty for ``--worker``)."""
+
+    def __init__(
+        self, workers: list[str], config: RouterConfig, check: HealthCheck, role: str = ""
+    ) -> None:
         self.core = Router(config, workers)
+        self.role = role
         self.check = check
         self._session: aiohttp.ClientSession | None = None
         self.exchanges: dict[str, Exchange] = {}

@@ -28,10 +28,14 @@ class Head:
 
 @dataclass(frozen=True, slots=True)
 class Failure:
-    """The worker could not be reached (``connect``: nothing was sent) or broke off."""
+    """The worker could not be reached (``connect``: nothing was sent) or broke off; or the
+    exchange was failed from outside (``Exchange.fail``), with the error ``status`` and
+    ``body`` (empty: an error body from ``message``) its client should get."""
 
     message: str
     connect: bool = False
+    status: int = 502
+    body: bytes = b""
 
 
 END = b""
@@ -65,11 +69,12 @@ class Exchange:
     async def next(self) -> Item:
         return await self.queue.get()
 
-    def fail(self, message: str) -> None:
-        """End this exchange now (its worker is down); the reader gets ``Failure(message)``."""
+    def fail(self, message: str, status: int = 502, body: bytes = b"") -> None:
+        """End this exchange now (its worker is down, or its other half failed); the reader
+        gets ``Failure(message, status=status, body=body)``."""
         if self._task is not None and not self._task.done():
             self._task.cancel()
-        self.queue.put_nowait(Failure(message))
+        self.queue.put_nowait(Failure(message, status=status, body=body))
 
     async def close(self) -> None:
         """Stop the pump (the client went away): closing the connection aborts the request."""

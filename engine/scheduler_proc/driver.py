@@ -24,6 +24,11 @@ model.
 
 With a ``StepRecorder`` every step that runs a plan on the model adds a row to
 the step record (``engine.scheduler_proc.recorder``).
+
+Prefill/decode roles (``engine.scheduler_proc.pd`` moves the KV): a prefill-role
+request the core hands off delivers its first token with no end; its rid waits in
+``handed_off`` for the hand-off, whose outcome ends it. A decode-role request
+enters with ``add_incoming`` and the first token its prefill server sampled.
 """
 
 from __future__ import annotations
@@ -36,6 +41,7 @@ from typing import TYPE_CHECKING
 
 from core.scheduler import (
     Finished,
+    FinishReason,
     Plan,
     Preempted,
     Request,
@@ -122,32 +128,20 @@ class StepDriver:
         self.eos_token_ids = frozenset(eos_token_ids)
         self.tracked: dict[str, Tracked] = {}
         self._ended: list[str] = []  # requests that ended since the last launch
+        self.handed_off: list[str] = []  # prefill role: handed off, not yet taken for transfer
         self.last_plan: Plan | None = None
         self.num_preemptions = 0
 
     def add(self, msg: messages.TokenizedRequest) -> messages.TokenItem | None:
         """Queue a tokenized request; an error item if the core rejects it."""
         params = msg.sampling
-        stop = set(params.stop_token_ids)
-        if not params.ignore_eos:
-            stop |= self.eos_token_ids
         scored = params.prompt_logprobs is not None  # computed, never from the prefix cache
-        req = Request(
-            rid=msg.rid,
-            prompt_len=len(msg.input_ids),
-            prompt=() if scored else list(msg.input_ids),
-            max_new_tokens=params.max_new_tokens,
-            arrival=msg.received,
-            stop_token_ids=frozenset(stop),
-            priority=msg.priority,
-        )
+        req = self._request(msg, scored)
         try:
             self.core.add(req)
         except RequestRejected as exc:
             log.info("rid %s rejected: %s", msg.rid, exc)
-            return messages.TokenItem(
-                rid=msg.rid, token_ids=[], token_times=[], finish_reason="error", error=str(exc)
-            )
+            return rejected(msg.rid, str(exc))
         self.tracked[msg.rid] = Tracked(
             sequence=list(msg.input_ids),
             prompt_len=len(msg.input_ids),
@@ -160,6 +154,50 @@ class StepDriver:
             self.tracked[msg.rid].prompt_logprobs = entries + [None] * (len(msg.input_ids) - 1)
         log.debug("rid %s queued: %d prompt tokens", msg.rid, len(msg.input_ids))
         return None
+
+    def add_incoming(
+        self, msg: messages.TokenizedRequest, first_token: int, finish_reason: str | None = None
+    ) -> messages.TokenItem:
+        """Decode role: queue ``msg``, whose prompt's KV a prefill server computed and whose
+        ``first_token`` it sampled (``core.scheduler.handoff``); the item that delivers that
+        token, or an error item if the core rejects the request. With ``finish_reason`` the
+        request ended with its first token there: the item ends it, nothing is queued."""
+        if finish_reason is None:
+            try:
+                self.core.add_incoming(self._request(msg, False), first_token)
+            except RequestRejected as exc:
+                log.info("rid %s rejected: %s", msg.rid, exc)
+                return rejected(msg.rid, str(exc))
+        now = time.time()
+        t = self.tracked[msg.rid] = Tracked(
+            sequence=list(msg.input_ids),
+            prompt_len=len(msg.input_ids),
+            params=msg.sampling,
+            received=msg.received,
+            tokenized=msg.tokenized,
+            first_scheduled=now,
+        )
+        item = self._token_item(TokenOut(msg.rid, first_token, True), now, None)
+        if finish_reason is not None:
+            item.finish_reason, item.finished = finish_reason, now
+            self.tracked.pop(msg.rid)
+        log.debug("rid %s incoming: %d prompt tokens", msg.rid, t.prompt_len)
+        return item
+
+    def _request(self, msg: messages.TokenizedRequest, scored: bool) -> Request:
+        params = msg.sampling
+        stop = set(params.stop_token_ids)
+        if not params.ignore_eos:
+            stop |= self.eos_token_ids
+        return Request(
+            rid=msg.rid,
+            prompt_len=len(msg.input_ids),
+            prompt=() if scored else list(msg.input_ids),
+            max_new_tokens=params.max_new_tokens,
+            arrival=msg.received,
+            stop_token_ids=frozenset(stop),
+            priority=msg.priority,
+        )
 
     def abort(self, rid: str, reason: str) -> None:
         if self.core.abort(rid):
@@ -254,6 +292,10 @@ class StepDriver:
             if isinstance(event, TokenOut):
                 self._on_token(items, event, done, logprobs.get(event.rid))
             elif isinstance(event, Finished):
+                if event.reason is FinishReason.HANDOFF:  # it ends with its transfer
+                    self.handed_off.append(event.rid)
+                    self._forget(event.rid, event)
+                    continue
                 item = items.get(event.rid)
                 if item is None:
                     item = items[event.rid] = messages.TokenItem(
@@ -346,3 +388,10 @@ class StepDriver:
         t = self.tracked.pop(rid, None)
         if t is not None:
             log.debug("rid %s finished (%s) after %d tokens", rid, event.reason.value, t.num_output)
+
+
+def rejected(rid: str, why: str, status: int = 400) -> messages.TokenItem:
+    """The item that ends ``rid`` with the error ``why`` (HTTP ``status``)."""
+    return messages.TokenItem(
+        rid=rid, token_ids=[], token_times=[], finish_reason="error", error=why, error_status=status
+    )

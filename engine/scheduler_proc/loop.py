@@ -17,6 +17,10 @@ before it finishes step N::
 so the GPU runs N+1 while the host completes N and forms N+2. Without it,
 every step is finished before the next is scheduled; the calls are the same.
 
+With ``--role prefill|decode`` rank 0 also drives its role's hand-offs
+(``engine.scheduler_proc.pd``): after every step, on the sockets it polls between
+steps, and while idle it wakes on their messages too.
+
 With ``record_steps`` rank 0 writes the step record there, or with several
 replicas to its replica's file beside it (``schema.steprecord.replica_record_path``;
 ``engine.scheduler_proc.recorder``): flushed whenever the loop falls idle, and
@@ -40,6 +44,9 @@ from engine.runner.args import RunnerArgs
 from engine.runner.hardware import hardware
 from engine.scheduler_proc.driver import Launched, StepDriver
 from engine.scheduler_proc.inline import InlineText
+from engine.scheduler_proc.pd import Handoffs
+from engine.scheduler_proc.pd_decode import DecodeHandoffs
+from engine.scheduler_proc.pd_prefill import PrefillHandoffs
 from engine.scheduler_proc.recorder import StepRecorder
 from schema.steprecord import replica_record_path
 
@@ -88,6 +95,14 @@ def serve_rank0(cfg: ServeConfig, leader: TPLeader) -> None:
     ctx, inbox, (outputs, to_frontend) = open_sockets(
         cfg.scheduler_addr, cfg.token_addr, cfg.frontend_addr
     )
+    pd: Handoffs | None = None
+    pd_info: dict[str, str] = {}
+    if sched_cfg.role == "prefill":
+        pd = PrefillHandoffs(engine, runner.kv, cfg.pd_timeout)
+    elif sched_cfg.role == "decode":
+        decode = pd = DecodeHandoffs(engine, runner.kv, cfg.pd_host, cfg.pd_timeout)
+        pd_info = {"handoff_addr": decode.address, "kv_addr": decode.receiver.address}
+        log.info("decode role: hand-offs at %s, KV at %s", *pd_info.values())
     report_ready(
         cfg,
         ctx,
@@ -99,6 +114,7 @@ def serve_rank0(cfg: ServeConfig, leader: TPLeader) -> None:
         eos_token_ids=cfg.eos_token_ids,
         scheduler=sched_cfg,
         hardware=hardware(cfg.device, cfg.tp_size),
+        **pd_info,
     )
     log.info(
         "ready: %d KV pages of %d tokens, %d host KV pages",
@@ -113,6 +129,7 @@ def serve_rank0(cfg: ServeConfig, leader: TPLeader) -> None:
     elif k:
         log.warning("--num-draft-tokens %d without --speculative: no drafter, no drafts", k)
     loop = SchedulerLoop(engine, inbox, outputs, to_frontend, cfg.overlap_on, cfg.replica, text)
+    loop.pd = pd
     if runner.host_kv is not None:
         loop.host_load_s = runner.host_kv.load_seconds
     try:
@@ -120,6 +137,8 @@ def serve_rank0(cfg: ServeConfig, leader: TPLeader) -> None:
     finally:
         if recorder is not None:
             recorder.close()
+        if pd is not None:
+            pd.close()
 
 
 class SchedulerLoop:
@@ -146,6 +165,7 @@ class SchedulerLoop:
         self.last_stats: messages.StatsUpdate | None = None
         self.last_stats_time = 0.0
         self.host_load_s: Callable[[], float] | None = None  # the host KV pool's load time
+        self.pd: Handoffs | None = None  # a prefill or decode role's hand-offs
 
     def run(self) -> None:
         stalled = False
@@ -153,9 +173,13 @@ class SchedulerLoop:
         while True:
             busy = self.engine.has_work() or in_flight is not None
             timeout = (STALLED_POLL_MS if stalled else 0) if busy else IDLE_POLL_MS
+            if self.pd is not None:
+                timeout = self.pd.wait_ms(timeout)
             items = self.receive(timeout)
             produced, in_flight, stalled = self.engine.advance(in_flight, self.overlap)
             items += produced
+            if self.pd is not None:
+                items += self.pd.after_step(items)
             if items:
                 self.send_outputs(items)
             idle = not self.engine.has_work()  # nothing waits, runs or is in flight
@@ -166,7 +190,7 @@ class SchedulerLoop:
     def receive(self, timeout_ms: int) -> list[messages.TokenItem]:
         """Handle every message waiting (after blocking up to ``timeout_ms`` for the first)."""
         errors: list[messages.TokenItem] = []
-        if timeout_ms and not self.inbox.poll(timeout_ms):
+        if timeout_ms and not self.wait(timeout_ms):
             return errors
         while True:
             try:
@@ -181,13 +205,25 @@ class SchedulerLoop:
                     continue
                 msg = tokenized
             if isinstance(msg, messages.TokenizedRequest):
-                error = self.engine.add(msg)
+                error = self.engine.add(msg) if self.pd is None else self.pd.add(msg)
                 if error is not None:
                     errors.append(error)
             elif isinstance(msg, messages.AbortRequest):
                 self.engine.abort(msg.rid, msg.reason)
+                if self.pd is not None:
+                    self.pd.abort(msg.rid)
             elif msg is not None:
                 log.error("unexpected message %s", type(msg).__name__)
+
+    def wait(self, timeout_ms: int) -> bool:
+        """Block up to ``timeout_ms`` for a message in the inbox (or on the hand-offs'
+        sockets); whether one came."""
+        if self.pd is None:
+            return bool(self.inbox.poll(timeout_ms))
+        poller = zmq.Poller()
+        for sock in (self.inbox, *self.pd.sockets()):
+            poller.register(sock, zmq.POLLIN)
+        return bool(poller.poll(timeout_ms))
 
     def send_outputs(self, items: list[messages.TokenItem]) -> None:
         """Send a step's tokens on; ``inline``: their text, a stop string's match aborted here."""
@@ -214,6 +250,7 @@ class SchedulerLoop:
             replica=self.replica,
             host_load_s=self.host_load_s() if self.host_load_s is not None else 0.0,
             speculative=spec.snapshot() if spec is not None else None,
+            transfers=self.pd.stats() if self.pd is not None else None,
         )
         last = self.last_stats
         if last is not None and _counts(last) == _counts(update):
@@ -225,4 +262,10 @@ class SchedulerLoop:
 
 def _counts(update: messages.StatsUpdate) -> tuple[object, ...]:
     """What a ``StatsUpdate`` says, but its time."""
-    return update.stats, update.num_preemptions, update.host_load_s, update.speculative
+    return (
+        update.stats,
+        update.num_preemptions,
+        update.host_load_s,
+        update.speculative,
+        update.transfers,
+    )

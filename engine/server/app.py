@@ -36,7 +36,7 @@ def create_app(
     ``pools``: each replica's KV pages and host KV pages as its scheduler reported them
     ready (in ``/metrics`` from the start)."""
     draft_tokens = cfg.scheduler.num_draft_tokens if cfg.speculative.on else 0
-    metrics = ServerMetrics(cfg.model, draft_tokens)
+    metrics = ServerMetrics(cfg.model, draft_tokens, cfg.scheduler.role != "colocated")
     frontend = Frontend(cfg, metrics, pools or {})
 
     @asynccontextmanager

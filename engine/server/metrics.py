@@ -7,7 +7,8 @@ timestamps the pipeline carries (TTFT = first token - received, ITL = gap
 between consecutive tokens, queue time = first scheduled - received, E2E =
 finished - received). Every series has the label ``model_name``. The router's
 books per replica come from ``engine.server.replica_metrics``; a speculating
-server's drafts, from ``engine.server.speculative_metrics``.
+server's drafts, from ``engine.server.speculative_metrics``; a prefill or decode
+server's KV transfers, from ``engine.server.transfer_metrics``.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from engine.ipc import messages
 from engine.server.replica_metrics import ReplicaCollector
 from engine.server.replicas import Replicas
 from engine.server.speculative_metrics import SpeculativeCollector
+from engine.server.transfer_metrics import TransferCollector
 
 LATENCY_BUCKETS = (
     0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.5, 0.75,
@@ -54,14 +56,18 @@ M = TypeVar("M", Counter, Gauge, Histogram)
 class ServerMetrics:
     """The metrics of one server, each labelled with the model it serves."""
 
-    def __init__(self, model: str, num_draft_tokens: int = 0) -> None:
-        """``num_draft_tokens``: the longest draft of a speculating server (0: none)."""
+    def __init__(self, model: str, num_draft_tokens: int = 0, transfers: bool = False) -> None:
+        """``num_draft_tokens``: the longest draft of a speculating server (0: none);
+        ``transfers``: a prefill or decode server's, whose KV moves."""
         self.registry = CollectorRegistry()
         self.model = model
         self.speculative: SpeculativeCollector | None = None
         if num_draft_tokens:
             self.speculative = SpeculativeCollector(model, num_draft_tokens)
             self.registry.register(self.speculative)
+        self.transfers = TransferCollector(model) if transfers else None
+        if self.transfers is not None:
+            self.registry.register(self.transfers)
         self.stats_gauges = [
             (self._per_replica(Gauge, name, help_), value) for name, help_, value in STATS_GAUGES
         ]
@@ -204,6 +210,8 @@ class ServerMetrics:
         self._last_stats[update.replica] = update
         if self.speculative is not None and update.speculative is not None:
             self.speculative.update(update.replica, update.speculative)
+        if self.transfers is not None and update.transfers is not None:
+            self.transfers.update(update.replica, update.transfers)
 
     def track_open(self, count: Callable[[], int]) -> None:
         """Report ``count()`` as the number of open requests at each scrape."""

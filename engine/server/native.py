@@ -17,7 +17,7 @@ from engine.server.frontend import RequestResult, RequestStream
 from engine.server.protocol import GenerateBody
 from engine.server.schema import request_body
 from engine.server.sse import DONE, sse_event
-from engine.server.translate import native_sampling_params
+from engine.server.translate import native_sampling_params, pd_route
 
 router = APIRouter()
 
@@ -55,6 +55,7 @@ async def generate(request: Request) -> Response:
         priority=body.priority,
         max_tokens_explicit=body.sampling_params.max_new_tokens is not None,
     )
+    req.pd = pd_route(ctx.cfg.scheduler.role, body.pd, req.sampling)
     return await respond(request, ctx, req, body.stream, generate_events, final_body)
 
 

@@ -26,6 +26,7 @@ from engine.server.translate import (
     chat_logprobs_wanted,
     chat_messages,
     completion_prompt,
+    pd_route,
     sampling_params,
 )
 
@@ -191,6 +192,7 @@ async def answer(
 ) -> Response:
     """Answer ``req`` in ``shape``, streamed if ``body`` asks for it."""
     include_usage = bool(body.stream_options and body.stream_options.include_usage)
+    req.pd = pd_route(ctx.cfg.scheduler.role, body.pd, req.sampling)
     req.session = getattr(body, "prompt_cache_key", None) or body.user
     for field in ("user", "safety_identifier", "prompt_cache_key"):
         value = getattr(body, field, None)
@@ -273,5 +275,8 @@ async def models(request: Request) -> Response:
         "gpu_share": ctx.cfg.gpu_share,
         "router": asdict(ctx.cfg.router),
         "speculative": ctx.cfg.speculative.card(ctx.cfg.scheduler),
+        "role": ctx.cfg.scheduler.role,
+        "handoff_address": ctx.cfg.handoff_addr or None,
+        "kv_address": ctx.cfg.kv_addr or None,
     }
     return JSONResponse({"object": "list", "data": [card]})

@@ -62,6 +62,15 @@ class ChatMessageIn(Body):
     audio: dict[str, Any] | None = None
 
 
+class PDFields(Body):
+    """Extension: the request is one half of a prefill/decode pair (``engine router
+    --prefill ... --decode ...`` sets it): ``room`` names the pair on both servers;
+    ``decode`` (to a prefill server) is the decode server's hand-off address."""
+
+    room: Annotated[str, Field(min_length=1, max_length=128)]
+    decode: str | None = None
+
+
 class SamplingFields(Body):
     """Fields shared by chat and text completions: OpenAI's names plus vLLM's common extras
     (``top_k``, ``stop_token_ids``, ``ignore_eos``, ``priority``)."""
@@ -84,6 +93,7 @@ class SamplingFields(Body):
     presence_penalty: Annotated[float, Field(ge=-2.0, le=2.0)] | None = None
     logit_bias: dict[str, Annotated[float, Field(ge=-100.0, le=100.0)]] | None = None
     return_meta_info: bool = False  # extension: the stage timestamps of /generate's meta_info
+    pd: PDFields | None = None
 
 
 class ChatCompletionRequest(SamplingFields):
@@ -147,6 +157,7 @@ class GenerateBody(Body):
     sampling_params: NativeSamplingParams = Field(default_factory=NativeSamplingParams)
     stream: bool = False
     priority: Priority = 0
+    pd: PDFields | None = None
 
 
 B = TypeVar("B", bound=Body)

@@ -12,7 +12,7 @@ from typing import Any
 
 from pydantic import BaseModel
 
-from engine.ipc.messages import ChatMessage
+from engine.ipc.messages import ChatMessage, PDRoute
 from engine.sampling.params import SamplingParams
 from engine.server.errors import APIError
 from engine.server.protocol import (
@@ -20,6 +20,7 @@ from engine.server.protocol import (
     ChatMessageIn,
     CompletionRequest,
     NativeSamplingParams,
+    PDFields,
     SamplingFields,
 )
 
@@ -197,3 +198,37 @@ def completion_prompt(body: CompletionRequest) -> tuple[str | None, list[int] | 
     raise APIError(
         "only one prompt per request is supported", param="prompt", code="unsupported_value"
     )
+
+
+def pd_route(role: str, fields: PDFields | None, params: SamplingParams) -> PDRoute | None:
+    """The ``PDRoute`` of a request to a server of ``role``: none for a colocated server, which
+    refuses ``pd``; required by a prefill server (with the decode server's address) and a
+    decode server, which serve no log-probs (the first token's are the prefill's)."""
+    if role == "colocated":
+        if fields is not None:
+            raise APIError(
+                "pd is for a prefill or decode server (engine serve --role prefill|decode); "
+                "this one is colocated",
+                param="pd",
+            )
+        return None
+    if fields is None:
+        raise APIError(
+            f"this is a {role} server (--role {role}): it serves only requests of a "
+            "prefill/decode pair, which `engine router --prefill URL --decode URL` sends "
+            "with a pd field",
+            param="pd",
+            code="pd_required",
+        )
+    if role == "prefill" and not fields.decode:
+        raise APIError(
+            "pd.decode: a prefill server needs the decode server's address", param="pd.decode"
+        )
+    for name in ("logprobs", "prompt_logprobs"):
+        if getattr(params, name) is not None:
+            raise APIError(
+                f"{name} are not served with prefill/decode disaggregation",
+                param=name,
+                code="unsupported_value",
+            )
+    return PDRoute(fields.room, fields.decode or "")

@@ -66,4 +66,5 @@ def tokenize(
         received=req.received,
         tokenized=time.time(),
         priority=req.priority,
+        pd=req.pd,
     )
