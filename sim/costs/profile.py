@@ -20,7 +20,9 @@ for rows kept out of the fit to measure its error. A CPU row (``kind`` =
 ``CpuCosts``), its shape columns zero, its ``device_s`` equal to ``duration_s``;
 several rows of a kind are averaged. Copy rows (``COPY_KINDS``: ``copy_h2d``,
 ``copy_h2d_token``, ``copy_d2h``, ``copy_d2h_token``) are per-unit costs
-too, of the host KV tier's copies (``sim.costs.copies``); they are optional.
+too, of the host KV tier's copies (``sim.costs.copies``); they are optional, as are the
+transfer rows (``TRANSFER_KINDS``: ``kv_transfer``, ``kv_transfer_token``) of prefill/decode
+disaggregation's KV transfer (``sim.costs.transfer``).
 
 Provenance is required: ``# key: value`` comment lines at the top of the file,
 or a sidecar ``FILE.json`` with the same keys, naming at least ``hardware``,
@@ -43,7 +45,8 @@ COLUMNS = (*LEGACY_COLUMNS, "device_s")
 STEP_KINDS = ("prefill", "decode", "mixed")
 CPU_KINDS = CpuCosts.KINDS
 COPY_KINDS = ("copy_h2d", "copy_h2d_token", "copy_d2h", "copy_d2h_token")
-UNIT_KINDS = (*CPU_KINDS, *COPY_KINDS)
+TRANSFER_KINDS = ("kv_transfer", "kv_transfer_token")
+UNIT_KINDS = (*CPU_KINDS, *COPY_KINDS, *TRANSFER_KINDS)
 SPLITS = ("fit", "holdout")
 REQUIRED_PROVENANCE = ("hardware", "model", "date", "command")
 
