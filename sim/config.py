@@ -150,6 +150,23 @@ class SimConfig:
     seed: int = setting(
         0, "seed of the simulator's random draws (accepted draft tokens, slots drafted)"
     )
+    # prefill/decode disaggregation (sim.model.pd_cluster), in place of ``replicas``
+    prefill_replicas: int = setting(
+        0,
+        "prefill replicas (engine serve --role prefill) behind a PD router, with "
+        "--decode-replicas: a disaggregated cluster in place of --replicas (0: colocated)",
+    )
+    decode_replicas: int = setting(
+        0, "decode replicas (engine serve --role decode), with --prefill-replicas"
+    )
+    transfer_latency_s: float | None = setting(
+        None, "disaggregated: a KV transfer's fixed time (default: the profile's kv_transfer)"
+    )
+    transfer_gbps: float | None = setting(
+        None,
+        "disaggregated: the KV transfer's GB/s of KV bytes (default: the profile's "
+        "kv_transfer_token)",
+    )
 
     def __post_init__(self) -> None:
         model_shape(self.model)
@@ -176,6 +193,27 @@ class SimConfig:
             if value is not None and not value > 0:
                 raise ValueError(f"{name} must be > 0")
         self._check_speculative()
+        self._check_disaggregated()
+
+    def _check_disaggregated(self) -> None:
+        p, d = self.prefill_replicas, self.decode_replicas
+        for name, value in (("prefill_replicas", p), ("decode_replicas", d)):
+            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+                raise ValueError(f"{name} must be an integer >= 0, got {value!r}")
+        latency, gbps = self.transfer_latency_s, self.transfer_gbps
+        if (latency is not None and latency < 0) or (gbps is not None and gbps <= 0):
+            raise ValueError("transfer_latency_s must be >= 0 and transfer_gbps > 0")
+        if not (p or d):
+            return
+        if not (p and d):
+            raise ValueError("a disaggregated cluster needs prefill_replicas and decode_replicas")
+        if self.replicas != 1 or self.shared_frontend:
+            raise ValueError(
+                "prefill_replicas and decode_replicas replace replicas: each its own server "
+                "(no replicas, no shared_frontend)"
+            )
+        if self.speculating:
+            raise ValueError("speculative decoding is not served disaggregated")
 
     def _check_speculative(self) -> None:
         if self.speculative not in SPECULATIVE_METHODS:
@@ -218,6 +256,15 @@ class SimConfig:
         empirical = self.acceptance_draw == "empirical"
         k = self.scheduler.num_draft_tokens
         return load_acceptance(self.acceptance, k, empirical, self.draft_share)
+
+    @property
+    def disaggregated(self) -> bool:
+        return self.prefill_replicas > 0
+
+    @property
+    def num_replicas(self) -> int:
+        """The servers simulated: replicas, or the prefill and decode ones."""
+        return self.prefill_replicas + self.decode_replicas if self.disaggregated else self.replicas
 
     def kv_bytes_per_token_per_gpu(self) -> float:
         return model_shape(self.model).kv_bytes_per_token(DTYPE_BYTES[self.kv_dtype], self.tp)

@@ -28,6 +28,7 @@ from sim.costs.copies import CopyCosts, copy_costs
 from sim.costs.presets import hardware, model_shape
 from sim.costs.profile import cpu_costs_from
 from sim.costs.reach import Reach, reach_summary
+from sim.disaggregated import pd_cluster, pd_schedulers, pd_summary
 from sim.model.calls import RecordingScheduler
 from sim.model.cluster import Cluster
 from sim.model.drafter import SharedDrafter, self_draft_price
@@ -186,7 +187,7 @@ def build_replay(
     """The simulation of ``trace`` under ``config``, not yet run (``run_replay`` tells what the
     options do)."""
     gpu, cpu = build_costs(config) if costs is None else costs
-    as_cluster = config.replicas > 1 if cluster is None else cluster
+    as_cluster = config.num_replicas > 1 if cluster is None else cluster
     if cluster is None and config.frontend_loop and stages is None:
         as_cluster = True  # one server whose frontend loop streams: its intake is timed in the run
     if stages is not None and as_cluster:
@@ -203,6 +204,8 @@ def build_replay(
             price = self_draft_price(fraction, gpu)
         drafter = SharedDrafter(acceptance.draft_share, config.seed, price)
     schedulers: list[Any] = [Scheduler(sched_config, drafter) for _ in range(config.replicas)]
+    if config.disaggregated:
+        schedulers = pd_schedulers(config, sched_config)
     if record_calls:
         schedulers = [RecordingScheduler(s) for s in schedulers]
     n = len(trace.requests)
@@ -239,19 +242,22 @@ def build_replay(
 
 
 def _build_cluster(built: BuiltReplay, trace: Trace, config: SimConfig, streams: Streams) -> None:
-    built.router = Router(config.router)
-    sim = Cluster(
-        RequestRecords(trace.requests, streams),
-        built.schedulers,
-        built.router,
-        built.costs,
-        num_tokenizers=config.num_tokenizers,
-        loop=built.loop,
-        progress=built.bar,
-        colocation=read_colocation(config.colocation) if config.colocation else None,
-        shared_frontend=config.shared_frontend,
-        frontend_loop=config.frontend_loop,
-    )
+    records = RequestRecords(trace.requests, streams)
+    options: dict[str, Any] = {
+        "num_tokenizers": config.num_tokenizers,
+        "loop": built.loop,
+        "progress": built.bar,
+        "colocation": read_colocation(config.colocation) if config.colocation else None,
+        "frontend_loop": config.frontend_loop,
+    }
+    sim: Cluster
+    if config.disaggregated:
+        sim = pd_cluster(records, built.schedulers, built.costs, config, **options)
+        built.router = sim.decode_router
+    else:
+        built.router = Router(config.router)
+        options["shared_frontend"] = config.shared_frontend
+        sim = Cluster(records, built.schedulers, built.router, built.costs, **options)
     built.sim, built.replicas = sim, list(sim.replicas)
     built.request_table.attach(sim.records, sim.replica_of)
 
@@ -307,6 +313,7 @@ def summarise(built: BuiltReplay, trace: Trace, config: SimConfig, wall0: float)
     num_steps = sum(r.steps.num_steps for r in replicas)
     fast_forward, reach = _loop_counters(replicas, config)
     draws = [r.loop.draws for r in replicas if r.loop.draws is not None]
+    disaggregation = pd_summary(built.sim)
     built.sim, built.replicas = None, []
     del replicas
     stats = [s.stats() for s in built.schedulers]
@@ -338,6 +345,7 @@ def summarise(built: BuiltReplay, trace: Trace, config: SimConfig, wall0: float)
         if built.router is None
         else router_summary(built.router, routing_warning(trace, config))
     )
+    summary["disaggregation"] = disaggregation
     summary["wall_s"] = time.perf_counter() - wall0
     schedulers = built.schedulers
     scheduler = schedulers[0] if len(schedulers) == 1 else schedulers

@@ -106,7 +106,7 @@ def routing_warning(trace: Trace, config: SimConfig) -> str | None:
     """What the router of a cluster cannot read in ``trace``, and what it does instead: a
     trace without ``hash_ids`` gives ``cache_aware`` no prefix to match, and a simulated
     request carries no session for ``session_sticky``. None where nothing is missing."""
-    if config.replicas < 2:
+    if config.num_replicas < 2:
         return None
     policy = config.router.policy
     if policy == "cache_aware" and not any(r.hash_ids for r in trace.requests):

@@ -45,6 +45,7 @@ class ServerInfo:
     hardware: str | None = None  # what it runs on, in a profile header's words, where it says
     layout: str = "split"  # where it tokenizes and detokenizes (engine serve --layout)
     num_tokenizers: int | None = None  # its tokenizer workers, where it says
+    prefill_workers: int = 0  # behind a prefill/decode router: its prefill servers (dp: decode)
 
     @property
     def ours(self) -> bool:
@@ -91,6 +92,7 @@ def server_info(url: str, api_key: str | None = None, timeout: float = 30.0) -> 
     hardware = card.get("hardware")
     layout = card.get("layout")
     tokenizers = card.get("num_tokenizers")
+    prefill = card.get("prefill_workers") if card.get("role") == "disaggregated" else None
     return ServerInfo(
         url=url,
         model=str(card["id"]),
@@ -108,4 +110,5 @@ def server_info(url: str, api_key: str | None = None, timeout: float = 30.0) -> 
         hardware=hardware if isinstance(hardware, str) and hardware else None,
         layout=layout if isinstance(layout, str) and layout else "split",
         num_tokenizers=tokenizers if isinstance(tokenizers, int) and tokenizers >= 1 else None,
+        prefill_workers=len(prefill) if isinstance(prefill, list) else 0,
     )

@@ -154,7 +154,7 @@ def replay_tables(args: argparse.Namespace, config: SimConfig) -> ReplayTables:
 
     return ReplayTables(
         requests=lambda: CsvTable(out / REQUESTS_NAME),
-        steps=steps if config.replicas == 1 else MemoryTable,
+        steps=steps if config.num_replicas == 1 else MemoryTable,
         flush_steps=args.flush_steps,
         keep=not args.no_report or args.timeline,
     )
@@ -183,7 +183,7 @@ def _replay(args: argparse.Namespace, config: SimConfig, trace: Trace) -> int:
     result = run_replay(
         trace, config, progress=not args.no_progress, tables=tables, record_steps=args.record_steps
     )
-    written = frozenset({"requests"} if config.replicas > 1 else {"requests", "steps"})
+    written = frozenset({"requests"} if config.num_replicas > 1 else {"requests", "steps"})
     summary = write_outputs(
         result,
         args.out,

@@ -108,6 +108,8 @@ COLUMNS = _columns("""
 config_id | config | the configuration's number in capacity.csv
 max_rate_scale | max scale | highest passing rate scale (x the trace's rate)
 max_request_rate | max req/s | that scale times the trace's mean arrival rate
+servers | servers | the servers (GPUs) of the configuration: replicas, or prefill plus decode
+max_request_rate_per_server | req/s per server | max req/s over the servers
 replicas_even_split | replicas even | replicas the trace's own rate needs with the traffic split
     evenly: ceil(1 / max scale)
 replicas_simulated | replicas sim | --replicas-search: the fewest replicas behind the router
@@ -135,7 +137,9 @@ error | error | why the search failed
 def capacity_table_html(capacity: pd.DataFrame, knobs: list[str]) -> str:
     """The capacity table with short headers, leaving out columns empty in every row, and
     its legend."""
-    filled = [c for c in COLUMNS if c in capacity and (capacity[c].fillna("") != "").any()]
+    filled = [
+        c for c in COLUMNS if c in capacity and (capacity[c].astype(object).fillna("") != "").any()
+    ]
     shown = list(dict.fromkeys(["config_id", *knobs, *filled]))
     headers = {c: COLUMNS[c][0] for c in shown if c in COLUMNS}
     legend = "".join(

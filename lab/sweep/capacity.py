@@ -179,6 +179,7 @@ def capacity_table(
     records = []
     for i, (point, s) in enumerate(zip(plan.points, searches, strict=True)):
         at, above = s.rows.get(s.lo or -1.0, {}), s.rows.get(s.hi or -1.0, {})
+        servers = _servers(s.probe.config)
         records.append(
             {
                 "config_id": i,
@@ -186,6 +187,8 @@ def capacity_table(
                 "status": "failed" if s.error else "ok",
                 "max_rate_scale": s.lo if s.lo is not None else 0.0,
                 "max_request_rate": (s.lo or 0.0) * rate,
+                "servers": servers,
+                "max_request_rate_per_server": (s.lo or 0.0) * rate / servers,
                 "replicas_even_split": math.ceil(1 / s.lo) if s.lo else None,
                 "attainment_at_max": at.get("slo_attainment"),
                 "binding_limit_at_max": at.get("binding_limit"),
@@ -206,6 +209,15 @@ def capacity_table(
             }
         )
     return pd.DataFrame.from_records(records)
+
+
+def _servers(config: dict[str, Any]) -> int:
+    """The servers (GPUs, one each) of a probe's configuration: its replicas, or its prefill
+    and decode replicas."""
+    disaggregated = int(config.get("prefill_replicas") or 0) + int(
+        config.get("decode_replicas") or 0
+    )
+    return disaggregated or int(config.get("replicas") or 1)
 
 
 def probes_table(

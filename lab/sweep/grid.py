@@ -13,9 +13,14 @@ fixes the knob::
     num_tokenizers = [1, 2]
 
 expands to 2 x 2 x 3 x 2 = 24 configurations, in file order with the last key
-varying fastest. A name that is neither a field nor ``rate_scale`` is an error
-that lists the known names, so a knob added to ``SimConfig`` later is
+varying fastest. A name that is neither a field nor ``rate_scale`` or ``cluster`` is
+an error that lists the known names, so a knob added to ``SimConfig`` later is
 sweepable by its name at once.
+
+``cluster`` names the servers: ``"N"`` (or N) colocated replicas, ``"P:D"`` P prefill and D
+decode replicas (disaggregated), so that one knob sets ``replicas``, ``prefill_replicas``
+and ``decode_replicas`` together: ``cluster = ["4", "1:3", "2:2", "3:1"]`` compares four
+servers colocated with each split of four.
 """
 
 from __future__ import annotations
@@ -28,11 +33,30 @@ from typing import Any
 from sim.config import CONFIG_KEYS, SECTIONS
 
 RATE_SCALE = "rate_scale"
-"""The one knob that is not a ``SimConfig`` field: arrivals are divided by it."""
+"""A knob that is not a ``SimConfig`` field: arrivals are divided by it."""
+CLUSTER = "cluster"
+"""A knob that is not a ``SimConfig`` field: the servers (``cluster_fields``)."""
 
 
 def knob_names() -> list[str]:
-    return sorted(CONFIG_KEYS | {RATE_SCALE})
+    return sorted(CONFIG_KEYS | {RATE_SCALE, CLUSTER})
+
+
+def cluster_fields(value: object) -> dict[str, int]:
+    """The ``SimConfig`` fields of a ``cluster`` value: ``N`` colocated replicas, or ``P:D``
+    prefill and decode replicas; ``ValueError`` for anything else."""
+    text = str(value).strip()
+    try:
+        parts = [int(v) for v in text.split(":")]
+    except ValueError:
+        parts = []
+    if len(parts) == 1 and parts[0] >= 1:
+        return {"replicas": parts[0], "prefill_replicas": 0, "decode_replicas": 0}
+    if len(parts) == 2 and min(parts) >= 1:
+        return {"replicas": 1, "prefill_replicas": parts[0], "decode_replicas": parts[1]}
+    raise ValueError(
+        f"cluster takes N (replicas) or P:D (prefill and decode replicas), got {value!r}"
+    )
 
 
 def read_grid(path: Path | str) -> dict[str, list[Any]]:

@@ -21,7 +21,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from lab.sweep.grid import RATE_SCALE, expand
+from lab.sweep.grid import CLUSTER, RATE_SCALE, cluster_fields, expand
 from lab.sweep.probes import METRIC_COLUMNS, Probe, file_digest, probe_key
 from schema.tables import write_csv, write_parquet
 from sim.config import build_config
@@ -57,10 +57,12 @@ def plan_grid(
     digest = file_digest(trace_path)
     points, probes = expand(grid), []
     for point in points:
-        knobs = {k: v for k, v in point.items() if k != RATE_SCALE}
+        knobs = {k: v for k, v in point.items() if k not in (RATE_SCALE, CLUSTER)}
         scale = float(point.get(RATE_SCALE, 1.0))
         fields = {**overrides, **knobs}
         try:
+            if CLUSTER in point:
+                fields |= cluster_fields(point[CLUSTER])
             config = build_config(config_file, **fields)
             values = config.to_dict()
         except (TypeError, ValueError) as exc:

@@ -5,7 +5,9 @@
 1. Read the server: its model and context (``/v1/models``) and its KV pages
    (``engine_kv_pages_total`` in ``/metrics``, per replica); a server with
    ``dp`` replicas is simulated as a cluster of as many replicas behind the
-   router its card names (``sim replay --replicas N --router P``). The scheduler's other limits
+   router its card names (``sim replay --replicas N --router P``); behind a prefill/decode
+   router, its prefill and decode workers (``--prefill-replicas P --decode-replicas D``,
+   ``sim.model.pd_cluster``). The scheduler's other limits
    (page size, max running, prefill budget, policy, tokenizer workers) are
    flags with ``engine serve``'s defaults: give the values the server runs with.
 2. Drop the trace's requests the server cannot take (prompt plus output
@@ -168,8 +170,11 @@ def sim_config(args: argparse.Namespace, info: ServerInfo, num_pages: int) -> Si
     if flags.get("overlap") is None:
         flags["overlap"] = info.overlap
     in_file = read_config_file(args.config).keys() if args.config else set()
-    server = {k: v for k, v in (info.scheduler or {}).items() if k in SCHEDULER_KEYS}
+    server = {k: v for k, v in (info.scheduler or {}).items() if k in SCHEDULER_KEYS - {"role"}}
     server["replicas"] = info.dp
+    if info.prefill_workers:  # a prefill/decode router: its decode workers are the dp
+        server |= {"replicas": 1, "prefill_replicas": info.prefill_workers,
+                   "decode_replicas": info.dp}  # fmt: skip
     server["layout"] = info.layout
     if info.num_tokenizers is not None:
         server["num_tokenizers"] = info.num_tokenizers

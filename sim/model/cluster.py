@@ -65,6 +65,7 @@ class ClusterReplica(Replica):
         gpu: GpuCostModel,
         cpu: CpuCosts,
         *,
+        router: Router,
         front: FrontQueue,
         reports_front: bool,
         loop: LoopSettings,
@@ -72,6 +73,7 @@ class ClusterReplica(Replica):
     ) -> None:
         super().__init__(cluster.env, cluster.records, scheduler, gpu, cpu, loop, progress)
         self.cluster = cluster
+        self.router = router  # the router core that placed its requests and hears of their ends
         self.name = name
         self.front = front
         self.reports_front = reports_front  # the front's queues are this replica's to report
@@ -121,9 +123,9 @@ class ClusterReplica(Replica):
         super().ended(i, rejected)
         rid, now = self.trace[i].rid, self.env.now
         if rejected:
-            self.cluster.router.aborted(rid, now)
+            self.router.aborted(rid, now)
         else:
-            self.cluster.router.finished(rid, now)
+            self.router.finished(rid, now)
 
     def front_queue_samples(self, stage: str) -> tuple[np.ndarray, np.ndarray]:
         if not self.reports_front:
@@ -164,12 +166,10 @@ class Cluster:
 
         shared = front() if shared_frontend else None
         self.replicas = [
-            ClusterReplica(
-                self,
-                str(k),
+            self._replica(
+                k,
                 s,
-                gpu,
-                cpu,
+                (gpu, cpu),
                 front=shared or front(),
                 reports_front=shared is None or k == 0,
                 loop=loop,
@@ -183,7 +183,13 @@ class Cluster:
             for k, r in enumerate(self.replicas):
                 r.loop.seat = self.shared.seat(k)
         for r in self.replicas:
-            router.add_worker(r.name)
+            r.router.add_worker(r.name)
+
+    def _replica(
+        self, k: int, scheduler: Any, costs: tuple[GpuCostModel, CpuCosts], **settings: Any
+    ) -> ClusterReplica:
+        """Replica ``k``, driving ``scheduler``, priced by ``costs``."""
+        return ClusterReplica(self, str(k), scheduler, *costs, router=self.router, **settings)
 
     def run(self) -> None:
         env = self.env
