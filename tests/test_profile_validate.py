@@ -23,7 +23,7 @@ from sim.costs import TableCostModel, load_cpu_costs, read_profile
 from sim.costs.base import CpuCosts
 from sim.costs.copies import copy_costs
 from sim.costs.presets import hardware
-from sim.costs.profile import COPY_KINDS
+from sim.costs.profile import COPY_KINDS, TRANSFER_KINDS
 
 pytestmark = pytest.mark.slow
 TINY_GRID = [
@@ -53,7 +53,8 @@ def test_engine_profile_writes_a_valid_profile(profile: Path) -> None:
     assert kinds == {"prefill", "decode", "mixed"}
     assert sum(r.split == "holdout" for r in p.steps) == 3
     assert all(0 < r.min_s <= r.duration_s <= r.max_s < 5 for r in p.steps)
-    assert set(p.cpu) == set(CpuCosts.KINDS) | set(COPY_KINDS)
+    assert set(p.cpu) == set(CpuCosts.KINDS) | set(COPY_KINDS) | set(TRANSFER_KINDS)
+    assert p.cpu["kv_transfer_token"] > 0 and "KVSender" in p.provenance["transfer"]
     copies = copy_costs(p, hardware("h200"), 1.0)  # the profile's rows, not the preset's link
     assert copies.source == p.path and copies.load_per_token > 0 and copies.write_per_token > 0
     table = TableCostModel(p)

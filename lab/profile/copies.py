@@ -36,7 +36,7 @@ def measure_copies(runner: ModelRunner, repeats: int, info: dict[str, str]) -> l
         ("copy_d2h", lambda n: ([(i, i) for i in range(n)], [])),
     ):
         times = [_median(host, copies, n, repeats, sync) for n in counts]
-        per_page, fixed = _line(counts, times)
+        per_page, fixed = fit_line(counts, times)
         per_token = per_page / runner.page_size
         for name, value in ((kind, max(fixed, 0.0)), (f"{kind}_token", per_token)):
             rows.append(ProfileRow(name, EMPTY_SHAPE, runner.tp.size, value, value, value, repeats))
@@ -65,7 +65,7 @@ def _median(
     return statistics.median(times)
 
 
-def _line(x: list[int], y: list[float]) -> tuple[float, float]:
+def fit_line(x: list[int], y: list[float]) -> tuple[float, float]:
     """(slope, intercept) of the least-squares line; a single point goes through the origin."""
     if len(x) == 1:
         return y[0] / x[0], 0.0

@@ -36,6 +36,7 @@ from lab.profile.recorded import (
 )
 from lab.profile.stages import measure_stages
 from lab.profile.steps import StepTimer, serving_runner
+from lab.profile.transfer import measure_transfer
 from schema.steprecord import read_step_record
 from sim.costs.profile import (
     STEP_KINDS,
@@ -150,7 +151,8 @@ def measure_steps(
     recorded: list[RecordedStep],
 ) -> list[ProfileRow]:
     """Time the grid's plans, or those of the ``recorded`` steps (shuffled, so that
-    ``--max-seconds`` cuts evenly), on the runner ``engine serve`` would build from ``cfg``."""
+    ``--max-seconds`` cuts evenly), on the runner ``engine serve`` would build from ``cfg``,
+    then the host tier's copies and the disaggregated KV transfer on its pool."""
     from engine.scheduler_proc.loop import runner_args
 
     rargs = runner_args(cfg)
@@ -177,12 +179,13 @@ def measure_steps(
         if not recorded:
             random.Random(spec.seed).shuffle(points)
         rows = run_points(timer, points, args)
-        copies = measure_copies(runner, args.repeats, info)
+        units = measure_copies(runner, args.repeats, info)
+        units += measure_transfer(runner, args.repeats, info)
     if len(rows) < len(points):
         info["cut"] = f"--max-seconds {args.max_seconds}: timed {len(rows)} of {len(points)} plans"
     if recorded:
         vs_record(recorded, rows, timer.launches, runner.page_size, args.out)
-    return rows + copies
+    return rows + units
 
 
 def vs_record(
