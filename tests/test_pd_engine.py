@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import os
+import random
 import signal
 import threading
 import time
@@ -150,6 +151,42 @@ def test_a_client_that_goes_away_frees_the_decode_servers_pages(
     for server in (decode, servers["prefill"]):
         wait_until(lambda s=server: metric(s, "engine_kv_pages_held") == 0)  # type: ignore[misc]
         assert metric(server, "engine_pd_open_handoffs") == 0
+
+
+def test_an_abort_storm_leaves_no_page_held_on_either_side(
+    servers: dict[str, Server], router: str
+) -> None:
+    """24 streamed requests at once through the pair, each client closing at a random
+    point (before its answer, after some chunks) or reading to the end: afterwards neither
+    server holds a page or an open hand-off, and the requests read to the end completed
+    with every token."""
+    rng = random.Random(7)
+    plans = [rng.choice([-1, 0, 1, 3, 6]) for _ in range(24)]  # chunks read; -1: all
+
+    def client(k: int, chunks: int) -> str:
+        body = {**GREEDY, "prompt": f"{LONG_PROMPT} Fact {k}:", "max_tokens": 12, "stream": True,
+                "stream_options": {"include_usage": True}}  # fmt: skip
+        with httpx.stream("POST", f"{router}/v1/completions", json=body, timeout=60) as r:
+            if chunks == 0:
+                return "closed"
+            events = [line for line in r.iter_lines() if line.startswith("data: ")][:chunks]
+            if chunks > 0:
+                return "closed"
+            assert events[-1] == "data: [DONE]", events[-3:]
+            return f"done {json.loads(events[-2][6:])['usage']['completion_tokens']}"
+
+    with ThreadPoolExecutor(24) as pool:
+        outcomes = list(pool.map(client, range(len(plans)), plans))
+    assert set(outcomes) <= {"closed", "done 12"}, outcomes
+    assert "done 12" in outcomes and "closed" in outcomes
+    for server in (servers["prefill"], servers["decode"]):
+        wait_until(lambda s=server: metric(s, "engine_kv_pages_held") == 0, 60)  # type: ignore[misc]
+        assert metric(server, "engine_pd_open_handoffs") == 0
+        assert metric(server, "engine_kv_pages_in_transfer") == 0
+        assert httpx.get(f"{server.url}/health", timeout=10).status_code == 200
+    assert answer(router, "/v1/completions", {**GREEDY, "prompt": PROMPTS[0]}) == answer(
+        servers["colocated"].url, "/v1/completions", {**GREEDY, "prompt": PROMPTS[0]}
+    )
 
 
 def test_a_router_refuses_a_worker_of_the_wrong_role(servers: dict[str, Server]) -> None:

@@ -9,7 +9,7 @@ environment, each replica a ``ClusterReplica`` whose scheduler core has its role
                                     ┌─────────────────────────────────┘
     p's step ends ── Handoff (ipc) ─► d pairs both halves: streams the first token, queues it
     d admits it (pages reserved) ── HandoffReply (ipc) ─► p sends the KV: transfer_time(tokens)
-    KV landed ─► d decodes it                  acknowledged (ipc) ─► p releases its pages
+    KV landed, taken in between d's steps ─► d decodes it; acknowledged (ipc) ─► p releases
 
 - Both routers place a request at its arrival, each by its own core (the routers'
   settings, each set its own books); the request's front times (``arrival`` to
@@ -18,7 +18,10 @@ environment, each replica a ``ClusterReplica`` whose scheduler core has its role
 - Each replica takes what the other side sends it at its loop's next iteration, after
   the step running then (a decode run is cut for it), as the engine's loop does between
   steps. Control messages cost the profile's ``ipc``; the KV, ``TransferCosts``; pages
-  the decode replica's prefix cache holds are not sent.
+  the decode replica's prefix cache holds are not sent. The decode replica takes landed KV
+  in at its next iteration and acknowledges it then, so a transfer's time from the send to
+  the acknowledgment the prefill replica takes in counts both loops' waits, as the
+  engine's does.
 - A request whose first token ends it (a limit of one token) moves no KV: the decode
   replica ends it as it pairs it. A request one side rejects fails on both.
 - A replica's loop ends once routing is done and no request is open on either side.
@@ -54,16 +57,21 @@ from sim.model.replica import RequestRecords
 
 @dataclass(slots=True)
 class TransferTotals:
-    """The KV transfers of a run: how many moved pages, their KV tokens and seconds."""
+    """The KV transfers of a run: how many moved pages, their KV tokens, their priced time
+    on the wire (``wire_seconds``) and the time from each send to the acknowledgment the
+    prefill side took in (``seconds``: the engine's ``engine_kv_transfer_seconds_total`` on
+    a prefill server, which also counts each side's wait for its loop's step to end)."""
 
     count: int = 0
     tokens: int = 0
+    wire_seconds: float = 0.0
     seconds: float = 0.0
 
     def describe(self) -> dict[str, Any]:
         mean = self.seconds / self.count if self.count else None
+        wire = self.wire_seconds / self.count if self.count else None
         return {"count": self.count, "tokens": self.tokens, "seconds": self.seconds,
-                "mean_s": mean}  # fmt: skip
+                "mean_s": mean, "wire_seconds": self.wire_seconds, "wire_mean_s": wire}  # fmt: skip
 
 
 class PrefillReplica(ClusterReplica):
@@ -74,6 +82,7 @@ class PrefillReplica(ClusterReplica):
         assert isinstance(self.cluster, PDCluster)
         self.pd = self.cluster
         self.replies: list[tuple[int, Receive]] = []  # decode sides' answers, not yet taken
+        self.sending: dict[int, float] = {}  # KV sent, not yet acknowledged: since when
         self.acked: list[int] = []  # transfers acknowledged, pages not yet released
         self.cancelled: list[int] = []  # requests the decode side failed
 
@@ -93,13 +102,21 @@ class PrefillReplica(ClusterReplica):
         taking_in = super().admit_inbox()
         sched, pd = self.sched, self.pd
         replies, self.replies = self.replies, []
+        now = self.env.now
         for i, receive in replies:
             transfer = sched.transfer(receive.rid)
-            if transfer is not None:  # else aborted meanwhile
-                tokens = max(transfer.prompt_len - receive.first * sched.page_size, 0)
+            if transfer is None:  # aborted meanwhile
+                continue
+            tokens = max(transfer.prompt_len - receive.first * sched.page_size, 0)
+            if tokens:
+                self.sending[i] = now
                 pd.send_kv(i, tokens)
-        now = self.env.now
+            else:  # the decode side's prefix cache holds it all: nothing to send
+                self.acked.append(i)
         for i in self.acked:  # its pages were read: released, as a finished request's
+            sent = self.sending.pop(i, None)
+            if sent is not None:
+                pd.totals.seconds += now - sent
             sched.transfer_done(self.trace[i].rid)
             self.router.finished(self.trace[i].rid, now)
             pd.side_done(i)
@@ -163,8 +180,9 @@ class DecodeReplica(ClusterReplica):
             self.halves.discard(i)
             self._pair(i, self.handoffs.pop(i), now)
         landed, self.landed = self.landed, []
-        for i in landed:
+        for i in landed:  # taken in (scattered) between steps, then acknowledged
             self.sched.kv_landed(self.trace[i].rid)
+            self.pd.acknowledge(i)
         return super().admit_inbox()
 
     def _pair(self, i: int, ends: bool, now: float) -> None:
@@ -303,26 +321,29 @@ class PDCluster(Cluster):
         self._later(self.ipc, reply)
 
     def send_kv(self, i: int, tokens: int) -> None:
-        """The prefill side sends request ``i``'s ``tokens`` of KV now: they land, then the
-        acknowledgment comes back."""
+        """The prefill side sends request ``i``'s ``tokens`` of KV now: it lands on the decode
+        side ``transfer_time`` later."""
         seconds = self.transfer.transfer_time(tokens)
-        if tokens:
-            self.totals.count += 1
-            self.totals.tokens += tokens
-            self.totals.seconds += seconds
-        decode, prefill = self._decode(i), self._prefill(i)
+        self.totals.count += 1
+        self.totals.tokens += tokens
+        self.totals.wire_seconds += seconds
+        decode = self._decode(i)
 
         def land() -> None:
-            if tokens:  # else landed as it was admitted
-                decode.landed.append(i)
-                decode.wake()
+            decode.landed.append(i)
+            decode.wake()
+
+        self._later(seconds, land)
+
+    def acknowledge(self, i: int) -> None:
+        """The decode side took request ``i``'s KV in: its acknowledgment goes back."""
+        prefill = self._prefill(i)
 
         def ack() -> None:
             prefill.acked.append(i)
             prefill.wake()
 
-        self._later(seconds, land)
-        self._later(seconds + self.ipc, ack)
+        self._later(self.ipc, ack)
 
     def cancel_prefill(self, i: int) -> None:
         """The decode side failed request ``i``: its prefill side releases its pages."""
