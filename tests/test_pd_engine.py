@@ -169,9 +169,12 @@ def test_an_abort_storm_leaves_no_page_held_on_either_side(
         with httpx.stream("POST", f"{router}/v1/completions", json=body, timeout=60) as r:
             if chunks == 0:
                 return "closed"
-            events = [line for line in r.iter_lines() if line.startswith("data: ")][:chunks]
-            if chunks > 0:
-                return "closed"
+            events = []
+            for line in r.iter_lines():
+                if line.startswith("data: "):
+                    events.append(line)
+                    if len(events) == chunks:
+                        return "closed"
             assert events[-1] == "data: [DONE]", events[-3:]
             return f"done {json.loads(events[-2][6:])['usage']['completion_tokens']}"
 
