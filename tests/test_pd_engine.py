@@ -19,6 +19,7 @@ import threading
 import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -116,6 +117,26 @@ def test_cards_report_their_roles(servers: dict[str, Server], router: str) -> No
     assert cluster["role"] == "disaggregated"
     assert cluster["workers"] == [servers["decode"].url]
     assert cluster["prefill_workers"] == [servers["prefill"].url]
+
+
+def test_sim_validate_reads_the_pair_behind_the_router(router: str) -> None:
+    """``sim validate --url`` of a prefill/decode router simulates one prefill and one decode
+    replica, the scheduler's other settings the decode server's (its role left out)."""
+    import argparse
+
+    from lab.bench.server import server_info
+    from lab.validate.command import add_validate_args, sim_config
+
+    info = server_info(router)
+    assert (info.dp, info.prefill_workers, info.kv_pages_total) == (1, 1, 256)
+    parser = argparse.ArgumentParser()
+    add_validate_args(parser.add_subparsers())
+    profile = Path(__file__).resolve().parents[1] / "profiles" / "cpu-xeon-2core_smollm2-135m.csv"
+    argv = ["validate", "t.jsonl", "--url", router, "--profile", str(profile), "--out", "o"]
+    config = sim_config(parser.parse_args(argv), info, 256)
+    assert (config.prefill_replicas, config.decode_replicas, config.replicas) == (1, 1, 1)
+    assert config.scheduler.role == "colocated" and config.disaggregated
+    assert config.layout == "frontend" and config.scheduler_config().num_pages == 256
 
 
 def test_greedy_output_through_the_pair_is_the_colocated_servers(
