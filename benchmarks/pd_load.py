@@ -25,12 +25,10 @@ from __future__ import annotations
 import argparse
 import json
 import shlex
-import signal
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
-from contextlib import ExitStack, contextmanager
+from contextlib import ExitStack
 from pathlib import Path
 from typing import Any
 
@@ -38,7 +36,7 @@ import httpx
 import numpy as np
 import pandas as pd
 from layout_load import point, wait_ready
-from serving_load import MODEL, served
+from serving_load import MODEL, launched, served
 
 from lab.validate.compare import lookup
 from schema.metrics import summarize
@@ -79,36 +77,6 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return args
 
 
-@contextmanager
-def router(*flags: str) -> Iterator[str]:
-    """``engine router FLAGS`` on a free port: its URL; stopped (SIGTERM) at exit."""
-    cmd = [
-        sys.executable,
-        "-m",
-        "lab.cli.engine",
-        "router",
-        "--port",
-        "0",
-        "--log-level",
-        "warning",
-        *flags,
-    ]
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True, stdin=subprocess.DEVNULL)
-    try:
-        assert proc.stdout is not None
-        line = proc.stdout.readline()
-        if " at http://" not in line:
-            raise SystemExit(f"error: engine router did not start ({proc.poll()}): {line!r}")
-        yield line.rsplit(" at ", 1)[1].strip()
-    finally:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
-
-
 def counter(url: str, name: str, status: str | None = None) -> float:
     """The sum of ``name``'s samples on ``url``'s ``/metrics`` (with ``status`` if given)."""
     total = 0.0
@@ -129,7 +97,7 @@ def transfers(url: str) -> tuple[float, float]:
 def goodput(folder: Path, slo_ttft_ms: float, slo_tpot_ms: float) -> float:
     """Requests per second meeting both SLOs in the run written to ``folder``."""
     requests = pd.read_csv(folder / "requests.csv")
-    requests["reason"] = requests["reason"].fillna("").astype(str)
+    requests["reason"] = requests["reason"].astype(object).fillna("").astype(str)
     summary = summarize(
         requests,
         WeightedSamples.of(np.zeros(0)),
@@ -181,7 +149,8 @@ def run_setup(args: argparse.Namespace, setup: str) -> list[dict[str, Any]]:
             wait_ready(proc, url)
         urls = [url for _, url in servers]
         names = ("--prefill", "--decode") if setup == "pd" else ("--worker", "--worker")
-        url = stack.enter_context(router(names[0], urls[0], names[1], urls[1]))
+        router = ("router", "--port", "0", "--log-level", "warning")
+        _, url = stack.enter_context(launched(*router, names[0], urls[0], names[1], urls[1]))
         for rate in args.rates:
             out = args.out / f"{setup}_x{rate:g}"
             out.mkdir(parents=True, exist_ok=True)

@@ -3,7 +3,7 @@ the memory of its process tree, and one streamed completion; and the flags of a 
 
 Imported by the benchmarks beside it (``abort_storm.py``, ``overload.py``, ``layout_ab.py``,
 ``layout_load.py``, ``cpu_serving.py``, ``reservation_engine.py``, ``router_overhead.py``,
-``scheduler_step.py``) and by the small versions of the first two in ``tests/``.
+``scheduler_step.py``, ``pd_load.py``) and by the small versions of the first two in ``tests/``.
 """
 
 from __future__ import annotations
@@ -128,9 +128,18 @@ def served(
 ) -> Iterator[tuple[subprocess.Popen[str], str]]:
     """``engine serve --model MODEL ARGS`` on a free port; stopped (SIGTERM) at exit."""
     cmd = [
-        sys.executable, "-m", "lab.cli.engine", "serve", "--model", model, "--port", "0",
-        "--cpu-threads", str(threads), "--log-level", "warning", *args,
+        "serve", "--model", model, "--port", "0", "--cpu-threads", str(threads),
+        "--log-level", "warning", *args,
     ]  # fmt: skip
+    with launched(*cmd) as started:
+        yield started
+
+
+@contextmanager
+def launched(*args: str) -> Iterator[tuple[subprocess.Popen[str], str]]:
+    """``engine ARGS`` (a server or the router), once it prints the URL it serves at; stopped
+    (SIGTERM, then killed after 60 s) at exit."""
+    cmd = [sys.executable, "-m", "lab.cli.engine", *args]
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True, stdin=subprocess.DEVNULL)
     url: list[str] = []
 
@@ -145,7 +154,7 @@ def served(
     try:
         while not url:
             if proc.poll() is not None or time.monotonic() > deadline:
-                raise SystemExit("engine serve did not start")
+                raise SystemExit(f"engine {args[0]} did not start")
             time.sleep(0.1)
         yield proc, url[0]
     finally:

@@ -207,7 +207,7 @@ class Cluster:
 
     def _route(self) -> Generator[simpy.Event, Any, None]:
         """Each request, at its arrival, to the replica the router picks then."""
-        env, router, replica_of = self.env, self.router, self.replica_of
+        env = self.env
         for i, r in enumerate(self.records.trace):
             if r.arrival > env.now:
                 yield env.timeout(r.arrival - env.now)
@@ -216,9 +216,13 @@ class Cluster:
                 r.rid, tuple(r.hash_ids), r.input_length, r.output_length,
                 block_tokens=HASH_BLOCK_TOKENS,
             )  # fmt: skip
-            k = self._by_name[router.route(request, now)]
-            replica_of[i] = k
-            self.replicas[k].enter(i, now)
+            self._place(i, request, now)
         self.routing_done = True
         for replica in self.replicas:
             replica.wake()
+
+    def _place(self, i: int, request: RouteRequest, now: float) -> None:
+        """Request ``i`` to the replica the router picks now."""
+        k = self._by_name[self.router.route(request, now)]
+        self.replica_of[i] = k
+        self.replicas[k].enter(i, now)

@@ -30,23 +30,12 @@ environment, each replica a ``ClusterReplica`` whose scheduler core has its role
 from __future__ import annotations
 
 from array import array
-from collections.abc import Callable, Generator
 from dataclasses import dataclass
 from typing import Any
 
-import simpy
-
 from core.router import Router, RouteRequest
-from core.scheduler import (
-    Finished,
-    FinishReason,
-    Plan,
-    Preempted,
-    Receive,
-    Request,
-    RequestRejected,
-    TokenOut,
-)
+from core.scheduler import Request, RequestRejected
+from core.scheduler.plan import Finished, FinishReason, Plan, Preempted, Receive, TokenOut
 from schema.traces.record import HASH_BLOCK_TOKENS
 from sim.costs.base import CpuCosts, GpuCostModel
 from sim.costs.transfer import TransferCosts
@@ -268,25 +257,14 @@ class PDCluster(Cluster):
         name = f"decode{k - self.num_prefill}"
         return DecodeReplica(self, name, scheduler, *costs, router=self.decode_router, **settings)
 
-    def _route(self) -> Generator[simpy.Event, Any, None]:
-        """Each request, at its arrival, to a prefill replica and a decode replica."""
-        env, replica_of = self.env, self.replica_of
-        for i, r in enumerate(self.records.trace):
-            if r.arrival > env.now:
-                yield env.timeout(r.arrival - env.now)
-            now = env.now
-            request = RouteRequest(
-                r.rid, tuple(r.hash_ids), r.input_length, r.output_length,
-                block_tokens=HASH_BLOCK_TOKENS,
-            )  # fmt: skip
-            p = self._by_name[self.prefill_router.route(request, now)]
-            d = self._by_name[self.decode_router.route(request, now)]
-            self.prefill_of[i], replica_of[i] = p, d
-            self.open += 1
-            self.replicas[p].enter(i, now)
-            self.replicas[d].enter(i, now)
-        self.routing_done = True
-        self._wake_all()
+    def _place(self, i: int, request: RouteRequest, now: float) -> None:
+        """Request ``i`` to a prefill replica and a decode replica, each router's pick now."""
+        p = self._by_name[self.prefill_router.route(request, now)]
+        d = self._by_name[self.decode_router.route(request, now)]
+        self.prefill_of[i], self.replica_of[i] = p, d
+        self.open += 1
+        self.replicas[p].enter(i, now)
+        self.replicas[d].enter(i, now)
 
     # ------------------------------------------------------------------ between the sides
     def _prefill(self, i: int) -> PrefillReplica:
@@ -299,26 +277,30 @@ class PDCluster(Cluster):
         assert isinstance(replica, DecodeReplica)
         return replica
 
-    def _later(self, delay: float, then: Callable[[], None]) -> None:
-        self.env.timeout(delay).callbacks.append(lambda _: then())
-
     def handed_off(self, i: int, with_kv: bool) -> None:
         """Request ``i``'s prefill ended now (its first token; ``with_kv``: KV to move)."""
         decode = self._decode(i)
-        self._later(self.ipc, lambda: decode.handoff(i, not with_kv))
+
+        def arrive() -> None:
+            decode.handoff(i, not with_kv)
+
+        self.env.timeout(self.ipc).callbacks.append(lambda _: arrive())
         if not with_kv:  # nothing held: the prefill side is done
             self._prefill(i).router.finished(self.records.trace[i].rid, self.env.now)
             self.side_done(i)
 
+    def _post(self, replica: ClusterReplica, box: str, item: Any, delay: float) -> None:
+        """``item`` into ``replica``'s list ``box`` ``delay`` from now, waking its loop."""
+
+        def arrive() -> None:
+            getattr(replica, box).append(item)
+            replica.wake()
+
+        self.env.timeout(delay).callbacks.append(lambda _: arrive())
+
     def answer(self, i: int, receive: Receive) -> None:
         """The decode side reserved request ``i``'s pages: tell its prefill side."""
-        prefill = self._prefill(i)
-
-        def reply() -> None:
-            prefill.replies.append((i, receive))
-            prefill.wake()
-
-        self._later(self.ipc, reply)
+        self._post(self._prefill(i), "replies", (i, receive), self.ipc)
 
     def send_kv(self, i: int, tokens: int) -> None:
         """The prefill side sends request ``i``'s ``tokens`` of KV now: it lands on the decode
@@ -327,33 +309,15 @@ class PDCluster(Cluster):
         self.totals.count += 1
         self.totals.tokens += tokens
         self.totals.wire_seconds += seconds
-        decode = self._decode(i)
-
-        def land() -> None:
-            decode.landed.append(i)
-            decode.wake()
-
-        self._later(seconds, land)
+        self._post(self._decode(i), "landed", i, seconds)
 
     def acknowledge(self, i: int) -> None:
         """The decode side took request ``i``'s KV in: its acknowledgment goes back."""
-        prefill = self._prefill(i)
-
-        def ack() -> None:
-            prefill.acked.append(i)
-            prefill.wake()
-
-        self._later(self.ipc, ack)
+        self._post(self._prefill(i), "acked", i, self.ipc)
 
     def cancel_prefill(self, i: int) -> None:
         """The decode side failed request ``i``: its prefill side releases its pages."""
-        prefill = self._prefill(i)
-
-        def cancel() -> None:
-            prefill.cancelled.append(i)
-            prefill.wake()
-
-        self._later(self.ipc, cancel)
+        self._post(self._prefill(i), "cancelled", i, self.ipc)
 
     def failed_on_prefill(self, i: int) -> None:
         """The prefill side rejected request ``i``: its decode half is dropped."""
