@@ -48,6 +48,7 @@ from sim.costs.acceptance import DRAWS, AcceptanceModel, load_acceptance
 from sim.costs.committed import committed_profile
 from sim.costs.presets import DTYPE_BYTES, hardware, model_shape
 from sim.costs.profile import display_path, profile_device
+from sim.costs.transfer import check_disaggregated
 
 SECTIONS = ("scheduler", "model", "costs", "pipeline")
 SPECULATIVE_METHODS = ("none", "ngram", "self", "synthetic")
@@ -193,27 +194,10 @@ class SimConfig:
             if value is not None and not value > 0:
                 raise ValueError(f"{name} must be > 0")
         self._check_speculative()
-        self._check_disaggregated()
-
-    def _check_disaggregated(self) -> None:
-        p, d = self.prefill_replicas, self.decode_replicas
-        for name, value in (("prefill_replicas", p), ("decode_replicas", d)):
-            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-                raise ValueError(f"{name} must be an integer >= 0, got {value!r}")
-        latency, gbps = self.transfer_latency_s, self.transfer_gbps
-        if (latency is not None and latency < 0) or (gbps is not None and gbps <= 0):
-            raise ValueError("transfer_latency_s must be >= 0 and transfer_gbps > 0")
-        if not (p or d):
-            return
-        if not (p and d):
-            raise ValueError("a disaggregated cluster needs prefill_replicas and decode_replicas")
-        if self.replicas != 1 or self.shared_frontend:
-            raise ValueError(
-                "prefill_replicas and decode_replicas replace replicas: each its own server "
-                "(no replicas, no shared_frontend)"
-            )
-        if self.speculating:
-            raise ValueError("speculative decoding is not served disaggregated")
+        check_disaggregated(
+            self.prefill_replicas, self.decode_replicas, self.replicas, self.shared_frontend,
+            self.speculating, self.transfer_latency_s, self.transfer_gbps,
+        )  # fmt: skip
 
     def _check_speculative(self) -> None:
         if self.speculative not in SPECULATIVE_METHODS:

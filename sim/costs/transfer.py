@@ -65,3 +65,33 @@ def transfer_costs(
         )
     per_token = kv_bytes_per_token / (gbps * 1e9)
     return TransferCosts(latency_s, per_token, f"given: {latency_s:g} s + {gbps:g} GB/s")
+
+
+def check_disaggregated(
+    prefill: int,
+    decode: int,
+    replicas: int,
+    shared_frontend: bool,
+    speculating: bool,
+    latency_s: float | None,
+    gbps: float | None,
+) -> None:
+    """``ValueError`` unless ``prefill`` and ``decode`` replicas (both 0: colocated) and the
+    transfer's ``latency_s`` and ``gbps`` make a cluster a replay can run: both roles or
+    neither, in place of ``replicas`` and a shared frontend, without speculative decoding."""
+    for name, value in (("prefill_replicas", prefill), ("decode_replicas", decode)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+            raise ValueError(f"{name} must be an integer >= 0, got {value!r}")
+    if (latency_s is not None and latency_s < 0) or (gbps is not None and gbps <= 0):
+        raise ValueError("transfer_latency_s must be >= 0 and transfer_gbps > 0")
+    if not (prefill or decode):
+        return
+    if not (prefill and decode):
+        raise ValueError("a disaggregated cluster needs prefill_replicas and decode_replicas")
+    if replicas != 1 or shared_frontend:
+        raise ValueError(
+            "prefill_replicas and decode_replicas replace replicas: each its own server "
+            "(no replicas, no shared_frontend)"
+        )
+    if speculating:
+        raise ValueError("speculative decoding is not served disaggregated")
