@@ -34,9 +34,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from core.router import Router, RouteRequest
-from core.scheduler import Request, RequestRejected
+from core.scheduler import Request
 from core.scheduler.plan import Finished, FinishReason, Plan, Preempted, Receive, TokenOut
-from schema.traces.record import HASH_BLOCK_TOKENS
 from sim.costs.base import CpuCosts, GpuCostModel
 from sim.costs.transfer import TransferCosts
 from sim.model.cluster import Cluster, ClusterReplica
@@ -176,23 +175,9 @@ class DecodeReplica(ClusterReplica):
 
     def _pair(self, i: int, ends: bool, now: float) -> None:
         """Queue request ``i`` with its KV to come, and stream its first token; or end it."""
-        tr = self.trace[i]
-        if not ends:
-            req = Request(
-                rid=tr.rid, prompt_len=tr.input_length, max_new_tokens=tr.output_length,
-                arrival=tr.arrival, block_hashes=list(tr.hash_ids), block_size=HASH_BLOCK_TOKENS,
-                priority=tr.priority, expected_output_len=tr.output_length,
-            )  # fmt: skip
-            try:
-                self.sched.add_incoming(req, 0)
-            except RequestRejected as exc:
-                self.status[i], self.reason[i] = "rejected", str(exc)
-                self.times["finished"][i] = now
-                self.records.done[i] = True
-                self.ended(i, True)
-                self.pd.cancel_prefill(i)
-                return
-            self.reqs[i] = req
+        if not ends and not self.queue_request(i, self._add_incoming, now):
+            self.pd.cancel_prefill(i)
+            return
         g = self.delivery.step(now, [i])
         self.first_step[i] = g
         self.stream_tokens((now,), 1)
@@ -201,6 +186,9 @@ class DecodeReplica(ClusterReplica):
             self.times["finished"][i] = now
             self.status[i] = "completed"
             self.ended(i, False)
+
+    def _add_incoming(self, req: Request) -> None:
+        self.sched.add_incoming(req, 0)  # the token's id is the prefill side's: none here
 
     def note_scheduled(self, plan: Plan) -> None:
         """Answer the hand-off of every request admitted (its pages reserved); one whose every

@@ -181,28 +181,35 @@ class Replica:
                 times["tokenize_start"][i] = at
                 at = at + self.cpu.tokenize * tr.input_length
                 times["tokenized"][i] = times["sched_arrival"][i] = at
-            req = Request(
-                rid=tr.rid,
-                prompt_len=tr.input_length,
-                max_new_tokens=tr.output_length,
-                arrival=tr.arrival,
-                block_hashes=list(tr.hash_ids),
-                block_size=HASH_BLOCK_TOKENS,
-                priority=tr.priority,
-                expected_output_len=tr.output_length,
-            )
-            try:
-                s.add(req)
-            except RequestRejected as exc:
-                self.status[i] = "rejected"
-                self.reason[i] = str(exc)
-                times["finished"][i] = at
-                self.records.done[i] = True
-                self.ended(i, True)
-                continue
-            self.reqs[i] = req
+            self.queue_request(i, s.add, at)
         self._inbox = []
         return at - now
+
+    def queue_request(self, i: int, add: Callable[[Request], None], at: float) -> bool:
+        """Hand trace request ``i`` to the core with ``add`` (``add``, or a role's own); if the
+        core rejects it, record it rejected at ``at`` and end it. Whether it was queued."""
+        tr = self.trace[i]
+        req = Request(
+            rid=tr.rid,
+            prompt_len=tr.input_length,
+            max_new_tokens=tr.output_length,
+            arrival=tr.arrival,
+            block_hashes=list(tr.hash_ids),
+            block_size=HASH_BLOCK_TOKENS,
+            priority=tr.priority,
+            expected_output_len=tr.output_length,
+        )
+        try:
+            add(req)
+        except RequestRejected as exc:
+            self.status[i] = "rejected"
+            self.reason[i] = str(exc)
+            self.times["finished"][i] = at
+            self.records.done[i] = True
+            self.ended(i, True)
+            return False
+        self.reqs[i] = req
+        return True
 
     def note_scheduled(self, plan: Plan) -> None:
         """First admission of a request: when (the core's stamp) and its prefix-cache hit."""
