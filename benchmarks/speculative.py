@@ -30,13 +30,19 @@ of accepted draft tokens per verify slot, and the share of decode slots that car
 (the simulated drafter drafts that share of the slots). Reported: the speed-up (speculating
 over plain tokens/s) and the acceptance rate in both worlds, and the simulator's relative
 errors. Servers and simulator run without the prefix cache (each workload is sent once per C
-to the same server). Writes ``--json`` (``reports/speculative/speculative_cpu.json``).
+to the same server); the simulated servers overlap scheduling as the real ones' cards say.
+Per speculating run, both worlds' step records give how many draft tokens a verify step
+carried on average. Writes ``--json`` (``reports/speculative/speculative_cpu.json``).
+``--resimulate JSON`` runs no server: it simulates a saved run's requests again with
+today's simulator (the run's profile, or ``--profile``).
 
     python benchmarks/speculative.py --requests 8 --max-tokens 128 --k 2,4 --concurrency 1,4
     python benchmarks/speculative.py --model qwen3-0.6b --tokenizer smollm2-135m \
         --serve-args "--device cuda --dummy-weights" --method synthetic --acceptance-rate 0.7 \
         --ignore-eos --workloads chat --requests 64 --concurrency 1,4,16,64 --no-sim \
         --json out/speculative/synthetic_gpu.json
+    python benchmarks/speculative.py --resimulate reports/speculative/speculative_cpu.json \
+        --profile reports/speculative/profile_cpu.csv
 """
 
 from __future__ import annotations
@@ -143,15 +149,28 @@ def parse_args() -> argparse.Namespace:
     p.add_argument(
         "--json",
         type=Path,
-        default=Path("reports/speculative/speculative_cpu.json"),
-        help="the results",
+        help="the results (default: reports/speculative/speculative_cpu.json, or with "
+        "--resimulate out/speculative/resimulated.json)",
+    )
+    p.add_argument(
+        "--resimulate",
+        type=Path,
+        metavar="JSON",
+        help="no server runs: simulate the requests of a run this benchmark saved again, with "
+        "today's simulator and the run's profile (or --profile); --model as the run's",
     )
     args = p.parse_args()
+    if args.json is None:
+        done = "out/speculative/resimulated.json" if args.resimulate else DEFAULT_JSON
+        args.json = Path(done)
     if (args.method == "synthetic") != (args.acceptance_rate is not None):
         p.error("--acceptance-rate goes with --method synthetic, and only with it")
     if (args.method == "self") != (args.draft_layers is not None):
         p.error("--draft-layers goes with --method self, and only with it")
     return args
+
+
+DEFAULT_JSON = "reports/speculative/speculative_cpu.json"
 
 
 # ---------------------------------------------------------------- both worlds
@@ -223,10 +242,11 @@ def print_table(cases: list[dict[str, Any]]) -> None:
     if any("sim" in c for c in cases):
         print(f"Simulated with the measured acceptance model: {ACCEPTANCE_MODEL}.\n")
     print(
-        "| workload | C | K | drafted real / sim | same tokens | plain tok/s real / sim | "
-        "spec tok/s real / sim | speed-up real | sim | err | acceptance real | sim | err |"
+        "| workload | C | K | drafted real / sim | draft tokens per verify step real / sim | "
+        "same tokens | plain tok/s real / sim | spec tok/s real / sim | speed-up real | sim | "
+        "err | acceptance real | sim | err |"
     )
-    print("|---" * 13 + "|")
+    print("|---" * 14 + "|")
 
     def f(x: float | None, fmt: str) -> str:
         return "-" if x is None else format(x, fmt)
@@ -239,7 +259,9 @@ def print_table(cases: list[dict[str, Any]]) -> None:
         same = "skipped" if real["differences"] is None else f"{n - len(real['differences'])}/{n}"
         cells = [
             c["workload"], c["concurrency"], c["num_draft_tokens"],
-            f"{measured['draft_share']:.0%} / {f(drawn.get('draft_share'), '.0%')}", same,
+            f"{measured['draft_share']:.0%} / {f(drawn.get('draft_share'), '.0%')}",
+            f"{f(measured.get('verify_steps', {}).get('mean_draft_tokens'), '.1f')} / "
+            f"{f(drawn.get('verify_steps', {}).get('mean_draft_tokens'), '.1f')}", same,
             f"{real['plain']['tokens_per_s']:.1f} / "
             f"{f(sim.get('plain', {}).get('tokens_per_s'), '.1f')}",
             f"{real['speculative']['tokens_per_s']:.1f} / {f(d.get('tokens_per_s'), '.1f')}",
@@ -261,9 +283,36 @@ def print_crossovers(rows: list[dict[str, Any]]) -> None:
         print(f"| {r['workload']} | {r['num_draft_tokens']} | {speedups} | {at} |")
 
 
+def resimulate(args: argparse.Namespace) -> None:
+    """The simulated side of every case of ``args.resimulate`` again, from its requests and
+    measured acceptance (the simulated server as the run's settings say)."""
+    saved = json.loads(args.resimulate.read_text())
+    cases = []
+    for case in saved["runs"]:
+        settings = case["settings"]
+        for key in ("model", "method", "draft_layers", "num_pages", "seed", "overlap"):
+            if key in settings:
+                setattr(args, key, settings[key])
+        profile = args.profile or Path(case["profile"])
+        costs = build_costs(sim_config(args, profile))
+        real, c, k = case["real"], case["concurrency"], case["num_draft_tokens"]
+        tag = f"{case['workload']}_c{c}_k{k}"
+        case["sim"] = simulated(args, profile, costs, real["plain"], real["speculative"], tag, c, k)
+        case["profile"] = str(profile)
+        cases.append(case)
+    print_table(cases)
+    rows = crossovers(cases)
+    print_crossovers(rows)
+    source = {"file": str(args.resimulate), "command": saved["command"]}
+    write_runs(args.json, cases, crossovers=rows, resimulated=source)
+
+
 def main() -> None:
     args = parse_args()
     args.out_dir.mkdir(parents=True, exist_ok=True)
+    if args.resimulate:
+        resimulate(args)
+        return
     workloads = {w: WORKLOADS[w](args.requests) for w in args.workloads.split(",")}
     profile = (args.profile or measure_profile(args)) if args.sim else None
     # speculation does not change the prices
@@ -272,11 +321,12 @@ def main() -> None:
     for k in [0, *args.k]:
         print(f"server K={k}" if k else "server plain", flush=True)
         servers[k] = run_server(args, k, workloads)
+    args.overlap = servers[0]["overlap"]  # the simulated servers schedule as the real ones
     settings = {
         key: getattr(args, key)
         for key in ("max_tokens", "requests", "threads", "num_pages", "method", "acceptance_rate",
                     "draft_layers", "ngram_max", "ngram_min", "ignore_eos", "tokenizer", "seed",
-                    "serve_args")
+                    "serve_args", "overlap", "model")
     }  # fmt: skip
     cases = []
     for name in workloads:

@@ -20,7 +20,10 @@ from typing import Any
 
 import httpx
 from serving_load import scrape, served, wait_idle
-from speculative_sim import acceptance_figures, throughput
+from speculative_sim import acceptance_figures, throughput, verify_steps
+
+from lab.bench.server import server_info
+from schema.steprecord import read_step_record
 
 WARMUP = "Count from one to twenty: one, two, three, four,"
 """The untimed request each server answers first (it drafts, so the verify path warms up)."""
@@ -155,17 +158,23 @@ def run_server(
     """One server (K = 0: plain): every workload at every concurrency, in order."""
     tokenizer = ("--tokenizer", args.tokenizer) if args.tokenizer else ()
     spec = speculative_args(args, k) if k else ()
+    record = (args.out_dir / f"steps_k{k}.csv").resolve()
+    record.unlink(missing_ok=True)
     serve_args = ("--num-pages", str(args.num_pages), "--no-prefix-cache", *tokenizer, *spec,
-                  *shlex.split(args.serve_args))  # fmt: skip
+                  "--record-steps", str(record), *shlex.split(args.serve_args))  # fmt: skip
     runs: dict[tuple[str, int], dict[str, Any]] = {}
+    windows: dict[tuple[str, int], tuple[float, float]] = {}
     with served(*serve_args, threads=args.threads, model=args.model) as (_, url):
+        overlap = server_info(url).overlap
         asyncio.run(closed_loop(url, args.model, [Prompt(WARMUP, "")], 1, 32))
         for name, prompts in workloads.items():
             for c in args.concurrency:
                 before = settled(url)
+                began = time.time()
                 requests = asyncio.run(
                     closed_loop(url, args.model, prompts, c, args.max_tokens, args.ignore_eos)
                 )
+                windows[name, c] = (began, time.time())
                 after = settled(url)
                 runs[name, c] = {"requests": requests, **throughput(requests)}
                 if k:
@@ -173,7 +182,12 @@ def run_server(
                 print(
                     f"  {name} C={c} K={k}: {runs[name, c]['tokens_per_s']:.1f} tok/s", flush=True
                 )
-    return {"command": "engine serve " + " ".join(serve_args), "runs": runs}
+    if k:
+        steps = read_step_record(record)
+        for key, (began, ended) in windows.items():
+            mine = steps[(steps["launched"] >= began) & (steps["launched"] <= ended)]
+            runs[key]["spec"]["verify_steps"] = verify_steps(mine)
+    return {"command": "engine serve " + " ".join(serve_args), "runs": runs, "overlap": overlap}
 
 
 def settled(url: str) -> dict[str, float]:

@@ -32,7 +32,8 @@ PROFILE_GRID = (
     "--repeats", "3", "--warmup", "1", "--holdout", "0",
 )  # fmt: skip
 """The plans ``engine profile`` times when no ``--profile`` is given: the prompts' prefills,
-decode and verify steps (``--verify-drafts`` of every K) at batches 1 .. C and contexts up to
+decode and verify steps (``--verify-drafts`` of every K) at batches 1, every C and the powers
+of two below the largest, and contexts up to
 the longest prompt and output, and the mixed steps of a closed loop at C > 1."""
 
 
@@ -59,6 +60,16 @@ def acceptance_figures(counts: dict[str, Any]) -> dict[str, float]:
         "mean_accepted_length": accepted / slots if slots else float("nan"),
         "draft_share": slots / (slots + undrafted) if slots + undrafted else float("nan"),
     }
+
+
+def verify_steps(steps: Any) -> dict[str, float]:
+    """Of a step record's steps (engine or simulated), those that verified drafts: how many,
+    and their draft tokens on average. With overlap a request whose draft is in flight sits
+    the next step out, so the running requests can split into groups that verify in turn;
+    the mean shows how far they did."""
+    verify = steps[steps["draft_tokens"] > 0]
+    mean = float(verify["draft_tokens"].mean()) if len(verify) else float("nan")
+    return {"steps": len(verify), "mean_draft_tokens": mean}
 
 
 def think_gaps(sent: list[float], finished: list[float], concurrency: int) -> list[float]:
@@ -95,7 +106,7 @@ def simulate(
                 for j in order
             ],
         )
-        result = run_replay(trace, config, costs=costs, progress=False)
+        result = run_replay(trace, config, costs=costs, progress=False, record_steps=True)
         table = result.requests.set_index("rid").loc[[str(j) for j in range(len(real))]]
         finished = list(table["arrival"] + table["e2e_ms"] / 1e3)
         new = closed_loop_arrivals(finished, gaps, concurrency)
@@ -118,15 +129,19 @@ def simulate(
         keep = ("verify_slots", "undrafted_slots", "draft_tokens", "accepted_tokens",
                 "accepted_lengths", "acceptance")  # fmt: skip
         out["spec"] = {k: spec[k] for k in keep} | acceptance_figures(spec)
+        out["spec"]["verify_steps"] = verify_steps(result.engine_steps)
     return out
 
 
 def sim_config(args: argparse.Namespace, profile: Path, k: int = 0, acceptance: str = "") -> Any:
-    """The simulated server: the profile's table model, no prefix cache (as the servers run);
-    with ``k``, speculating with ``acceptance`` (a file of the measured histogram)."""
+    """The simulated server: the profile's table model, no prefix cache (as the servers run),
+    overlap scheduling as the servers' cards say (``args.overlap``, once known); with ``k``,
+    speculating with ``acceptance`` (a file of the measured histogram)."""
     values = {"model": args.model, "profile": str(profile), "cost_model": "table",
               "dtype": profile_dtype(profile), "num_pages": args.num_pages,
               "prefix_cache": False, "seed": args.seed}  # fmt: skip
+    if getattr(args, "overlap", None) is not None:
+        values["overlap"] = args.overlap
     if k:
         values |= {"speculative": args.method, "num_draft_tokens": k, "acceptance": acceptance}
         if args.method == "self":
@@ -137,7 +152,10 @@ def sim_config(args: argparse.Namespace, profile: Path, k: int = 0, acceptance: 
 def measure_profile(args: argparse.Namespace) -> Path:
     """A profile of this machine (``PROFILE_GRID``), with verify rows of every K."""
     out: Path = args.out_dir / "profile.csv"
-    batches = sorted({1, *args.concurrency})
+    # every power of two up to the largest C too: with overlap the running requests may split
+    # into groups that verify in turn, so verify steps come at batches below C
+    top = max(args.concurrency)
+    batches = sorted({1, *args.concurrency, *(2**i for i in range(top.bit_length()) if 2**i < top)})
     mixed = sorted({1, *(c - 1 for c in args.concurrency if c > 1)})
     cmd = [
         sys.executable, "-m", "lab.cli.engine", "profile", "--model", args.model,

@@ -32,10 +32,10 @@ from sim.disaggregated import pd_cluster, pd_schedulers, pd_summary
 from sim.model.calls import RecordingScheduler
 from sim.model.cluster import Cluster
 from sim.model.drafter import SharedDrafter, self_draft_price
+from sim.model.loop_settings import LoopSettings
 from sim.model.pipeline import Pipeline
 from sim.model.recorded_stages import RecordedStages
 from sim.model.replica import FLUSH_STEPS, Progress, Replica, RequestRecords, Streams
-from sim.model.scheduler_loop import LoopSettings
 from sim.replicas import (
     queue_frame,
     replica_summaries,

@@ -70,9 +70,13 @@ def test_serve_refuses_a_file_as_the_profile_folder(tmp_path: Path) -> None:
 def test_every_process_writes_its_serving_tree_at_exit(model_ready: str, tmp_path: Path) -> None:
     folder = tmp_path / "profile"
     with running_server("--num-pages", "256", "--host-profile", str(folder)) as server:
-        body = {"model": "smollm2-135m", "prompt": "Hello there", "max_tokens": 8}
-        reply = httpx.post(f"{server.url}/v1/completions", json=body, timeout=120)
-        assert reply.status_code == 200, reply.text
+        # streamed, so that the frontend's handler runs at every token and the sampler sees it
+        body = {"model": "smollm2-135m", "prompt": "Hello there", "max_tokens": 24,
+                "stream": True, "ignore_eos": True}  # fmt: skip
+        for _ in range(3):
+            with httpx.stream("POST", f"{server.url}/v1/completions", json=body, timeout=120) as r:
+                assert r.status_code == 200
+                assert sum(line.startswith("data: ") for line in r.iter_lines()) > 24
     # the serving loop of each process, and none of its start-up (the tokenizer's load)
     loops = {
         "frontend": "engine/server/openai_api.py",  # the handler of the request

@@ -26,8 +26,8 @@ from schema.traces import TraceRequest
 from sim.costs import CostSpec, make_cost_model
 from sim.costs.base import CpuCosts
 from sim.model.calls import Call, RecordingScheduler
+from sim.model.loop_settings import LoopSettings
 from sim.model.pipeline import Pipeline
-from sim.model.scheduler_loop import LoopSettings
 
 TOKEN = 7  # what the stand-in model samples: never a stop token (the driver has no EOS ids)
 ZERO_CPU = CpuCosts(0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, "test", "all CPU stages free")

@@ -25,9 +25,11 @@ from transformers import AutoTokenizer
 
 from core.scheduler import Request, SchedulerConfig
 from core.scheduler.drafter import RepeatDrafter
+from engine.ipc.messages import TokenizedRequest
 from engine.models.setup import ensure_model
 from engine.runner import ModelRunner
 from engine.sampling import SamplingParams
+from engine.scheduler_proc.driver import Launched, StepDriver
 from engine.scheduler_proc.recorder import StepRecorder
 from engine.speculative import DEFAULT_DRAFT_TOKENS, SpeculativeConfig
 from engine.speculative.synthetic import SyntheticAcceptance, parse_rates
@@ -239,3 +241,27 @@ def test_serve_synthetic_reports_its_acceptance() -> None:
         drafted = metrics["engine_spec_decode_num_draft_tokens_total"]
         assert drafted > 0
         assert metrics["engine_spec_decode_num_accepted_tokens_total"] == drafted
+
+
+@pytest.mark.slow
+def test_with_overlap_a_verify_step_is_finished_before_the_next_is_formed(
+    runner: ModelRunner, prompts: dict[str, list[int]]
+) -> None:
+    """A request whose draft is in flight would sit the next step out, and requests arriving
+    meanwhile could split the running ones into groups verifying in turn; the loop finishes a
+    step with drafts at once, so no such step is ever left in flight."""
+    config = SchedulerConfig(num_pages=96, num_draft_tokens=K)
+    rule = SyntheticAcceptance((0.6, 0.6, 0.6))
+    driver = StepDriver(config, runner.launch, runner.eos_token_ids, None, RepeatDrafter(), rule)
+    waiting = list(greedy(prompts).items())
+    in_flight: Launched | None = None
+    iterations = 0
+    while waiting or driver.has_work() or in_flight is not None:
+        if waiting and iterations % 3 == 0:  # one request every third iteration
+            name, (ids, params) = waiting.pop(0)
+            assert driver.add(TokenizedRequest(name, ids, params, 0.0, 0.0)) is None
+        _, in_flight, _ = driver.advance(in_flight, True)
+        assert in_flight is None or not in_flight.plan.num_draft_tokens
+        iterations += 1
+    spec = driver.speculative
+    assert spec is not None and spec.verify_slots > len(prompts)

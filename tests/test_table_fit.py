@@ -183,4 +183,34 @@ def test_device_times_get_their_own_fit() -> None:
     assert "device_decode" in table.describe()["fit"]  # type: ignore[operator]
     # without separate device times, one fit serves both
     same = TableCostModel(decode_profile((1, 8, 16), []))
-    assert same.device_decode is same.decode and "device holdout" not in same.errors
+    assert same.device is same.wall and "device holdout" not in same.errors
+
+
+def verify_time(shape: StepShape) -> float:
+    """A torch-backend-like verify step: each slot's short extend costs about a prefill's."""
+    return 4e-2 + 1e-2 * shape.prefill_tokens + 1e-10 * shape.prefill_attention
+
+
+def test_verify_steps_have_their_own_fit_where_the_profile_measured_them() -> None:
+    rows = [row(shape_of(StepPoint((), (ctx,) * b)), bucketed(b, b * ctx)) for b in (1, 8)
+            for ctx in (64, 1024)]  # fmt: skip
+    prefills = [shape_of(StepPoint(((0, n),), ())) for n in (32, 128, 512)]
+    rows += [row(s, prefill_time(s)) for s in prefills]
+    plain = TableCostModel(Profile("no-verify.csv", {"hardware": "synthetic"}, rows))
+    verifies = [
+        shape_of(StepPoint((), (ctx,) * b, draft=4)) for b in (1, 4, 8) for ctx in (64, 1024)
+    ]
+    rows += [row(s, verify_time(s)) for s in verifies]
+    table = TableCostModel(Profile("verify.csv", {"hardware": "synthetic"}, rows))
+    for s in verifies:  # at the knots, exact; every row of a verify step is sampled
+        assert s.sampled == s.prefill_tokens
+        assert table.step_time(s) == pytest.approx(verify_time(s), rel=1e-6)
+    between = shape_of(StepPoint((), (300,) * 2, draft=4))
+    assert table.step_time(between) == pytest.approx(verify_time(between), rel=0.05)
+    # a one-chunk prefill of as many tokens as 8 slots' spans is priced as a prefill
+    chunk = shape_of(StepPoint(((0, 40),), ()))
+    assert table.step_time(chunk) == pytest.approx(prefill_time(chunk), rel=0.1)
+    assert table.step_time(chunk) < 0.05 * table.step_time(verifies[-1])
+    # without verify rows the prefill fit prices verify steps, as before
+    assert plain.step_time(verifies[0]) == pytest.approx(table.wall.prefill.time(verifies[0]))
+    assert "verify" in table.describe()["fit"]  # type: ignore[operator]

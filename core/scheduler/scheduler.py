@@ -23,10 +23,11 @@ its input token is still being sampled by the plan in flight, the drafter is
 asked for one more token and its first guess (for that token) is dropped. At
 ``complete`` the verified tokens are delivered and the request rolls back to
 them. With overlap, a request whose slot in flight carries drafts sits the
-next step out: its next position depends on how many are accepted. That is
-the price of speculation with overlap: such a request is placed at most every
-other step. Requests without drafts are scheduled exactly as without
-speculation.
+next step out: its next position depends on how many are accepted. Placed so,
+the running requests could split into groups that verify in turn, each
+request placed at most every other step; the loops (the engine's and the
+simulator's) therefore complete a step with drafts before they schedule the
+next. Requests without drafts are scheduled exactly as without speculation.
 
 One step, in order:
 

@@ -13,6 +13,7 @@ is two calls:
 ``step()`` is ``finish(launch())``. With overlap scheduling the loop launches
 step N+1 before it finishes step N: a decode slot whose input token step N is
 still sampling gets ``FROM_LAST_SAMPLE``, which the model reads on the device.
+A step that verifies drafts is finished at once (``advance``).
 
 With a drafter (speculative decoding) the core puts a draft in a decoding
 request's slot; the step returns that slot's verified tokens, which the core
@@ -321,7 +322,10 @@ class StepDriver:
         self, in_flight: Launched | None, overlap: bool
     ) -> tuple[list[messages.TokenItem], Launched | None, bool]:
         """One iteration of the scheduler loop: launch the next step, then finish the one in
-        flight; with ``overlap`` a launched step with model work stays in flight.
+        flight; with ``overlap`` a launched step with model work stays in flight, unless it
+        verifies drafts: that one is finished before the next step is formed, so every
+        decoding request can be placed in the next (a request whose draft is in flight would
+        sit it out, and the running requests could split into groups verifying in turn).
 
         Returns the token items, the step now in flight, and whether the loop is stalled
         (work exists but nothing could run, e.g. every waiting request lacks KV pages).
@@ -330,7 +334,7 @@ class StepDriver:
         items = self.finish(in_flight) if in_flight is not None else []
         if launched is None:
             return items, None, False
-        if overlap and launched.plan.has_model_work:
+        if overlap and launched.plan.has_model_work and not launched.plan.num_draft_tokens:
             return items, launched, False
         produced = self.finish(launched)
         stalled = not launched.plan.has_model_work and not produced

@@ -78,6 +78,7 @@ def median_rows(steps: list[ProfileRow]) -> list[ProfileRow]:
     out = []
     for (kind, shape, tp, split), rows in plans.items():
         device = [r.device_s for r in rows if r.device_s is not None]
+        launch = [r.launch_s for r in rows if r.launch_s is not None]
         out.append(
             ProfileRow(
                 kind,
@@ -89,6 +90,7 @@ def median_rows(steps: list[ProfileRow]) -> list[ProfileRow]:
                 sum(r.repeats for r in rows),
                 split,
                 statistics.median(device) if len(device) == len(rows) else None,
+                statistics.median(launch) if len(launch) == len(rows) else None,
             )
         )
     return out

@@ -7,9 +7,10 @@ Times per plan:
   ``StepInputs`` built on the host from the requests' token sequences
   (``StepDriver.inputs``), then ``TPLeader.launch`` (broadcast to the TP followers,
   the forward pass, sampling) and the tokens back on the host as a list.
-- *launch* (``StepTimer.launches``, not in the profile): the host's time from the upload
-  of the plan's inputs to the launch's return, as the step record's ``launched -
-  enqueued``, in the strict runs;
+- *launch* (``launch_s``): the host's time from the upload of the plan's inputs to the
+  launch's return, as the step record's ``launched - enqueued``, in the strict runs (the
+  median): how long the host is held before it can form the next step. On CPU the
+  forward pass runs inside it;
 - *device* (``device_s``, CUDA): the step's period when the same plan is
   launched back to back without waiting, as the overlapped loop launches
   steps: the time between the CUDA events that end consecutive steps. The host
@@ -125,7 +126,8 @@ class StepTimer:
             device = self._device_time(plan, repeats) if self.runner.device.type == "cuda" else None
         finally:
             engine.tracked.clear()
-        self.launches.append(statistics.median(launches) if launches else None)
+        launch = statistics.median(launches) if launches else None
+        self.launches.append(launch)
         shape = StepShape.of_plan(plan)
         return ProfileRow(
             ProfileRow.step_kind(shape),
@@ -137,6 +139,7 @@ class StepTimer:
             repeats,
             point.split,
             statistics.median(times) if device is None else device,
+            launch,
         )
 
     def _device_time(self, plan: Plan, repeats: int) -> float:

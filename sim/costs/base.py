@@ -52,6 +52,17 @@ class GpuCostModel(ABC):
     ) -> np.ndarray:
         return self.decode_times(batch, context_tokens, longest, k)
 
+    def launch_time(self, shape: StepShape) -> float | None:
+        """How long the step's launch holds the host (None: not measured; the overlapped
+        loop then holds it for the wall time less the device time)."""
+        return None
+
+    def decode_launch_times(
+        self, batch: int, context_tokens: int, longest: int, k: int
+    ) -> np.ndarray | None:
+        """``launch_time`` of each step of a decode run (as ``decode_times``), or None."""
+        return None
+
     def measured_reach(self) -> Reach | None:
         """How far the measured steps behind this model reach (None: it measured none)."""
         return None

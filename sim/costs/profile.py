@@ -4,7 +4,7 @@
 them. CSV columns (``COLUMNS``)::
 
     kind,prefill_tokens,decode_requests,context_tokens,decode_context,decode_padded,
-    prefill_attention,sampled,tp,duration_s,min_s,max_s,repeats,split,device_s
+    prefill_attention,sampled,tp,duration_s,min_s,max_s,repeats,split,device_s[,launch_s]
 
 A step row (``kind`` = ``prefill``, ``decode`` or ``mixed``) is one batch plan
 that was run ``repeats`` times: its shape in ``StepShape``'s terms, the median
@@ -12,7 +12,12 @@ wall time of one step as the strict loop runs it (``duration_s``), the fastest
 and slowest repeat, and the median device time of the step (``device_s``: its
 period when launched back to back, as the overlapped loop runs it; see
 ``lab.profile.steps``). Files without the ``device_s`` column (written
-before it existed) read it as ``duration_s``.
+before it existed) read it as ``duration_s``. The optional last column,
+``launch_s``, is the median time the host spends in the step's launch (from
+the upload of its inputs to the launch's return; empty where not measured): on
+CPU the forward pass runs inside the launch, on a GPU the host launches
+kernels the device runs meanwhile (``sim.model.scheduler_loop`` keeps the host
+busy that long).
 ``split`` is ``fit`` for rows the ``table`` model is fitted to and ``holdout``
 for rows kept out of the fit to measure its error. A CPU row (``kind`` =
 ``frontend``, ``tokenize``, ``detokenize``, ``ipc``, ``schedule``,
@@ -42,6 +47,7 @@ from sim.costs.base import CpuCosts
 SHAPE_COLUMNS = tuple(f.name for f in fields(StepShape))
 LEGACY_COLUMNS = ("kind", *SHAPE_COLUMNS, "tp", "duration_s", "min_s", "max_s", "repeats", "split")
 COLUMNS = (*LEGACY_COLUMNS, "device_s")
+LAUNCH_COLUMNS = (*COLUMNS, "launch_s")
 STEP_KINDS = ("prefill", "decode", "mixed")
 CPU_KINDS = CpuCosts.KINDS
 COPY_KINDS = ("copy_h2d", "copy_h2d_token", "copy_d2h", "copy_d2h_token")
@@ -68,6 +74,7 @@ class ProfileRow:
     repeats: int
     split: str = "fit"
     device_s: float | None = None  # None: the wall time stands for it
+    launch_s: float | None = None  # None: not measured
 
     @property
     def device_time(self) -> float:
@@ -84,6 +91,9 @@ class ProfileRow:
         times = [f"{t:.6e}" for t in (self.duration_s, self.min_s, self.max_s)]
         device = f"{self.device_time:.6e}"
         return [self.kind, *shape, str(self.tp), *times, str(self.repeats), self.split, device]
+
+    def launch_cell(self) -> str:
+        return "" if self.launch_s is None else f"{self.launch_s:.6e}"
 
 
 EMPTY_SHAPE = StepShape(0, 0, 0, 0, 0, 0, 0)
@@ -115,8 +125,12 @@ def write_profile(path: Path | str, provenance: dict[str, str], rows: list[Profi
     if missing:
         raise ProfileError(f"{path}: provenance lacks {missing}")
     lines = [f"# {k}: {' '.join(str(v).split())}" for k, v in provenance.items()]
-    lines.append(",".join(COLUMNS))
-    lines += [",".join(r.cells()) for r in rows]
+    if any(r.launch_s is not None for r in rows):
+        lines.append(",".join(LAUNCH_COLUMNS))
+        lines += [",".join([*r.cells(), r.launch_cell()]) for r in rows]
+    else:
+        lines.append(",".join(COLUMNS))
+        lines += [",".join(r.cells()) for r in rows]
     Path(path).write_text("\n".join(lines) + "\n", encoding="utf-8")
 
 
@@ -147,8 +161,16 @@ def _read_lines(path: Path) -> tuple[dict[str, str], list[tuple[int, str]]]:
 def _parse_row(where: str, cells: list[str], columns: int) -> ProfileRow:
     if len(cells) != columns:
         raise ProfileError(f"{where}: expected {columns} columns, got {len(cells)}")
-    device = None
-    if columns == len(COLUMNS):
+    device = launch = None
+    if columns == len(LAUNCH_COLUMNS):
+        *cells, last = cells
+        try:
+            launch = float(last) if last.strip() else None
+        except ValueError:
+            raise ProfileError(f"{where}: non-numeric launch_s {last!r}") from None
+        if launch is not None and not launch >= 0:
+            raise ProfileError(f"{where}: launch_s must be >= 0")
+    if columns >= len(COLUMNS):
         *cells, last = cells
         try:
             device = float(last)
@@ -172,7 +194,9 @@ def _parse_row(where: str, cells: list[str], columns: int) -> ProfileRow:
     *shape, tp = ints
     if tp < 1:
         raise ProfileError(f"{where}: tp must be >= 1")
-    return ProfileRow(kind, StepShape(*shape), tp, median, low, high, repeats, split, device)
+    return ProfileRow(
+        kind, StepShape(*shape), tp, median, low, high, repeats, split, device, launch
+    )
 
 
 def read_profile(path: Path | str) -> Profile:
@@ -184,8 +208,8 @@ def read_profile(path: Path | str) -> Profile:
         raise ProfileError(f"{path}: no header row")
     header_line, header = body[0]
     names = tuple(c.strip() for c in header.split(","))
-    if names not in (COLUMNS, LEGACY_COLUMNS):
-        raise ProfileError(f"{path}:{header_line}: expected header {','.join(COLUMNS)}")
+    if names not in (LAUNCH_COLUMNS, COLUMNS, LEGACY_COLUMNS):
+        raise ProfileError(f"{path}:{header_line}: expected header {','.join(LAUNCH_COLUMNS)}")
     steps: list[ProfileRow] = []
     cpu_rows: dict[str, list[float]] = {}
     lines = [n for n, _ in body[1:]]

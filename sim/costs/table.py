@@ -1,6 +1,6 @@
 """The table cost model: piecewise-linear fits to the step times of a measured profile.
 
-Two groups of a profile's step rows (of the configured TP degree) get one
+Three groups of a profile's step rows (of the configured TP degree) get one
 ``PiecewiseFit`` each (``sim.costs.fit``):
 
 - pure decode steps: spine = decode batch size, plus terms in the context the
@@ -16,14 +16,23 @@ Two groups of a profile's step rows (of the configured TP degree) get one
   padded). Terms in the number of decode requests or of sampled rows would
   repeat the spine; with the few mixed rows a profile has they made the fit
   wild on held-out mixed steps (up to 5x off on the H200 profile).
+- verify steps (speculative decoding: every row of every extend sampled, as a
+  slot's token and its drafts are): spine = tokens in the step (knots at every
+  row), plus a term in the query-key pairs. A verify step of n slots runs n
+  short extends, and on the torch backend each costs about as much as a
+  prefill chunk of many tokens: priced by the prefill fit, a chat prompt's
+  40-token chunk cost what 8 slots of 5 tokens did, 60 % too much.
 
-A group the profile lacks is priced by the other group's fit. No step is
-predicted faster than the fastest measured step of its group.
+A group the profile lacks is priced by another's fit (verify by prefill, prefill
+and decode by each other). No step is predicted faster than the fastest measured
+step of its group.
 
 Each group is fitted twice: to the rows' wall times (``step_time``: the step
 as the strict loop runs it) and to their device times (``device_time``: the
 step's period when steps are launched back to back, as the overlapped loop
-runs them). A profile without separate device times gets one fit for both. Rows with
+runs them). A profile without separate device times gets one fit for both.
+Where every fitted row has a launch time (``launch_s``), a third fit gives
+``launch_time``: how long the host is held in the step's launch. Rows with
 ``split = holdout`` stay out of the fit; the fit's relative error on them (and
 on the rows it was fitted to) is printed by ``engine profile``, recorded in the
 provenance and in ``describe()``.
@@ -31,8 +40,10 @@ provenance and in ``describe()``.
 
 from __future__ import annotations
 
+import math
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -51,9 +62,6 @@ class StepGroup:
     spine: tuple[str, ...]  # summed into the spine variable
     extras: tuple[str, ...]
     spine_from_pure: bool  # knots only at rows without decode requests
-
-    def covers(self, shape: StepShape) -> bool:
-        return (shape.prefill_tokens > 0) == (self.name == "prefill")
 
     def spine_of(self, shape: StepShape) -> int:
         """The spine variable of ``shape``: the sum of its ``spine`` fields."""
@@ -79,7 +87,26 @@ PREFILL = StepGroup(
 )
 GROWING = ("decode_context", "decode_padded")
 """Features that grow by the batch size with each step of a decode run."""
-GROUPS = (DECODE, PREFILL)
+VERIFY = StepGroup("verify", ("prefill_tokens", "decode_requests"), ("prefill_attention",), False)
+GROUPS = (DECODE, VERIFY, PREFILL)
+
+
+def group_of(shape: StepShape) -> str:
+    """The group that prices ``shape``: ``decode`` without prefill tokens, ``verify`` when
+    every row is sampled (verify spans, and decodes beside them), else ``prefill``."""
+    if not shape.prefill_tokens:
+        return "decode"
+    if shape.sampled == shape.prefill_tokens + shape.decode_requests:
+        return "verify"
+    return "prefill"
+
+
+MEASURES: dict[str, Callable[[ProfileRow], float]] = {
+    "wall": lambda r: r.duration_s,
+    "device": lambda r: r.device_time,
+    "launch": lambda r: r.launch_s if r.launch_s is not None else math.nan,
+}
+"""The times a group can be fitted to (``launch`` only where every row has one)."""
 RUN_ROWS = 64
 """Rows of the design kept per batch size: runs up to this long reuse it."""
 
@@ -105,12 +132,11 @@ class GroupFit:
         object.__setattr__(self, "growing", growing)
 
     @staticmethod
-    def of(group: StepGroup, rows: list[ProfileRow], device: bool = False) -> GroupFit:
-        """The fit to ``rows``' wall times, or to their device times."""
+    def of(group: StepGroup, rows: list[ProfileRow], measure: str = "wall") -> GroupFit:
+        """The fit to ``rows``' ``measure``: wall, device or launch times."""
         shapes = [r.shape for r in rows]
         x, extras = group.columns(shapes)
-        times = [r.device_time if device else r.duration_s for r in rows]
-        y = np.array(times, dtype=np.float64)
+        y = np.array([MEASURES[measure](r) for r in rows], dtype=np.float64)
         pure = np.array([s.decode_requests == 0 for s in shapes]) if group.spine_from_pure else None
         return GroupFit(group, PiecewiseFit.fit(x, extras, y, pure), float(y.min()))
 
@@ -163,6 +189,17 @@ class GroupFit:
         }
 
 
+class Fits(NamedTuple):
+    """One measure's fit per group (a group the profile lacks priced by another's)."""
+
+    decode: GroupFit
+    verify: GroupFit
+    prefill: GroupFit
+
+    def of(self, shape: StepShape) -> GroupFit:
+        return getattr(self, group_of(shape))  # type: ignore[no-any-return]
+
+
 class TableCostModel(GpuCostModel):
     name = "table"
 
@@ -174,11 +211,13 @@ class TableCostModel(GpuCostModel):
         fit_rows = [r for r in rows if r.split == "fit"]
         if not fit_rows:
             raise ProfileError(f"{profile.path}: every step row for tp={tp} is held out")
-        self.decode, self.prefill = self._fits(fit_rows, device=False)
-        self.device_decode, self.device_prefill = self.decode, self.prefill
+        self.wall = self.device = self._fits(fit_rows, "wall")
         separate = any(r.device_time != r.duration_s for r in rows)
         if separate:
-            self.device_decode, self.device_prefill = self._fits(fit_rows, device=True)
+            self.device = self._fits(fit_rows, "device")
+        self.launches: Fits | None = None
+        if all(r.launch_s is not None for r in fit_rows):
+            self.launches = self._fits(fit_rows, "launch")
         self.tp = tp
         self.profile = profile.path
         self.reach = measured_reach([r.shape for r in rows])
@@ -192,14 +231,16 @@ class TableCostModel(GpuCostModel):
         )
 
     @staticmethod
-    def _fits(rows: list[ProfileRow], device: bool) -> tuple[GroupFit, GroupFit]:
-        """The decode and the prefill group's fits (one stands in for a missing other)."""
+    def _fits(rows: list[ProfileRow], measure: str) -> Fits:
+        """Each group's fit to ``rows``' ``measure`` (another's where it has no rows)."""
         fits = {
-            g.name: GroupFit.of(g, members, device)
+            g.name: GroupFit.of(g, members, measure)
             for g in GROUPS
-            if (members := [r for r in rows if g.covers(r.shape)])
+            if (members := [r for r in rows if group_of(r.shape) == g.name])
         }
-        return fits.get("decode") or fits["prefill"], fits.get("prefill") or fits["decode"]
+        prefill = fits.get("prefill") or fits.get("verify") or fits["decode"]
+        decode = fits.get("decode") or prefill
+        return Fits(decode, fits.get("verify") or fits.get("prefill") or decode, prefill)
 
     def errors_on(self, rows: list[ProfileRow], device: bool = False) -> dict[str, float | int]:
         """Relative errors of this model's wall (device) times for ``rows``, their
@@ -225,24 +266,34 @@ class TableCostModel(GpuCostModel):
         return self.reach
 
     def step_time(self, shape: StepShape) -> float:
-        return self._time(shape, self.decode, self.prefill)
+        return self._time(shape, self.wall)
 
     def device_time(self, shape: StepShape) -> float:
-        return self._time(shape, self.device_decode, self.device_prefill)
+        return self._time(shape, self.device)
+
+    def launch_time(self, shape: StepShape) -> float | None:
+        return None if self.launches is None else self._time(shape, self.launches)
 
     @staticmethod
-    def _time(shape: StepShape, decode: GroupFit, prefill: GroupFit) -> float:
+    def _time(shape: StepShape, fits: Fits) -> float:
         if shape.prefill_tokens + shape.decode_requests == 0:
             return 0.0
-        return (prefill if shape.prefill_tokens else decode).time(shape)
+        return fits.of(shape).time(shape)
 
     def decode_times(self, batch: int, context_tokens: int, longest: int, k: int) -> np.ndarray:
-        return self._decode_times(self.decode, batch, context_tokens, longest, k)
+        return self._decode_times(self.wall.decode, batch, context_tokens, longest, k)
 
     def decode_device_times(
         self, batch: int, context_tokens: int, longest: int, k: int
     ) -> np.ndarray:
-        return self._decode_times(self.device_decode, batch, context_tokens, longest, k)
+        return self._decode_times(self.device.decode, batch, context_tokens, longest, k)
+
+    def decode_launch_times(
+        self, batch: int, context_tokens: int, longest: int, k: int
+    ) -> np.ndarray | None:
+        if self.launches is None:
+            return None
+        return self._decode_times(self.launches.decode, batch, context_tokens, longest, k)
 
     @staticmethod
     def _decode_times(
@@ -253,11 +304,13 @@ class TableCostModel(GpuCostModel):
 
     def describe(self) -> dict[str, object]:
         out = super().describe()
+        fits: dict[str, Any] = {}
+        for measure, prefix in (("wall", ""), ("device", "device_"), ("launches", "launch_")):
+            groups: Fits | None = getattr(self, measure)
+            for name, fit in zip(Fits._fields, groups or (), strict=False):
+                fits[prefix + name] = fit.describe()
         out["fit"] = {
-            "decode": self.decode.describe(),
-            "prefill": self.prefill.describe(),
-            "device_decode": self.device_decode.describe(),
-            "device_prefill": self.device_prefill.describe(),
+            **fits,
             "errors": self.errors,
         }
         return out

@@ -48,9 +48,9 @@ from schema.traces.record import HASH_BLOCK_TOKENS
 from sim.costs.base import CpuCosts, GpuCostModel
 from sim.costs.colocation import Colocation
 from sim.model.frontend import FrontQueue, Leave, Streamed, queue_samples
+from sim.model.loop_settings import LoopSettings
 from sim.model.pipeline import delay_to
 from sim.model.replica import Progress, Replica, RequestRecords
-from sim.model.scheduler_loop import LoopSettings
 from sim.model.shared_gpu import SharedGpu
 
 

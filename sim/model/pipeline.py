@@ -41,9 +41,9 @@ import simpy
 from schema.traces.record import TraceRequest
 from sim.costs.base import CpuCosts, GpuCostModel
 from sim.model.frontend import front_times
+from sim.model.loop_settings import LoopSettings
 from sim.model.recorded_stages import RecordedStages
 from sim.model.replica import Progress, Replica, RequestRecords, Streams
-from sim.model.scheduler_loop import LoopSettings
 
 FRONT_FIELDS = ("arrival", "parsed", "tokenizer_enter", "tokenize_start", "tokenized",
                 "sched_arrival")  # fmt: skip

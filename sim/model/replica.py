@@ -42,8 +42,9 @@ from schema.traces.record import HASH_BLOCK_TOKENS, TraceRequest
 from sim.costs.base import CpuCosts, GpuCostModel
 from sim.model.delivery import RequestTotals, TokenDelivery
 from sim.model.frontend import Leave, Streamed
+from sim.model.loop_settings import LoopSettings
 from sim.model.recorded_stages import RecordedStages
-from sim.model.scheduler_loop import LoopSettings, SimSchedulerLoop
+from sim.model.scheduler_loop import SimSchedulerLoop
 
 NAN = math.nan
 TIME_FIELDS = (*TIME_COLUMNS, "parsed", "tokenizer_enter", *SERVER_TOKEN_COLUMNS)

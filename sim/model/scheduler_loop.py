@@ -20,6 +20,11 @@ order, with at most one plan in flight when ``schedule`` is called::
 
 so the GPU runs step N+1 right after step N when the CPU formed it in time, a
 finish is seen one step late, and pages freed meanwhile come back a step later.
+Where the profile measured how long a launch holds the host (``launch_time``;
+on CPU the forward pass runs inside it, on a GPU an eagerly run step's kernel
+launches may outlast its compute), the host is held that long (at least the wall
+time less the device time), the step ends no sooner than its launch returns, and
+only then does the host complete ``plan_{i-1}`` and form the next step.
 
 Host KV tier copies (``LoopSettings.copies``): a plan's writes, then its loads,
 run before its compute. Strict, they add to the step's time. Overlapped, as the
@@ -42,7 +47,8 @@ its shape (a slot with a draft is an extend of its token and draft, as the
 engine lays it out), draws how many drafts each slot accepts when it prices
 it (``sim.costs.acceptance``), and passes them to ``complete``; a drafter that
 runs a model adds its drafts' time to the step's scheduling (``sim.model.drafter``).
-The core keeps speculating steps out of decode runs.
+The core keeps speculating steps out of decode runs. With overlap, a step that
+verifies drafts completes before the next is formed, as the engine's does.
 
 Fast-forward: when the core says the next k steps are identical pure-decode
 steps (with overlap: and a pure decode is in flight), the loop prices all k
@@ -60,20 +66,19 @@ from __future__ import annotations
 import math
 from collections.abc import Generator
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any
 
 import numpy as np
 import simpy
 
 from core.scheduler import DecodeRun, Plan, SchedulerStats, TokenOut
 from core.scheduler.shape import StepShape
-from sim.costs.acceptance import AcceptanceDraws, AcceptanceModel
+from sim.costs.acceptance import AcceptanceDraws
 from sim.costs.base import CpuCosts, GpuCostModel
 from sim.costs.colocation import kind_of
-from sim.costs.copies import CopyCosts
 from sim.costs.reach import Reach
-from sim.model.drafter import SharedDrafter
-from sim.model.frontend import Leave, Streamed
+from sim.model.loop_settings import LoopHost, LoopSettings
+from sim.model.run_times import overlapped_run, strict_run
 from sim.model.shared_gpu import Piece, Seat, debt_first
 from sim.model.step_record import StepRecordLog, drafts_of
 
@@ -89,48 +94,6 @@ class Launched:
     plan: Plan
     end: float
     accepted: dict[str, int] | None = None
-
-
-class LoopHost(Protocol):
-    """What the loop needs of the pipeline around it: arrivals in, step records and tokens out."""
-
-    def admit_inbox(self) -> float: ...
-    def nothing_to_come(self) -> bool: ...
-    def wait_for_arrival(self) -> simpy.Event: ...
-    def next_arrival(self) -> float | None: ...
-    def sample_scheduler_queue(self, now: float) -> None: ...
-    def note_scheduled(self, plan: Plan) -> None: ...
-    def record_step(
-        self, plan: Plan, shape: StepShape, start: float, duration: float, stats: SchedulerStats
-    ) -> None: ...
-    def record_run(
-        self, run: DecodeRun, starts: np.ndarray, durations: np.ndarray, stats: SchedulerStats
-    ) -> None: ...
-    def handle_events(self, plan: Plan, events: list[Any], end: float) -> None: ...
-    def tokens_of_run(self, rids: tuple[str, ...], leave: np.ndarray) -> None: ...
-    def stream_tokens(self, leave: Leave, chunks: int) -> Streamed | None: ...
-
-
-@dataclass(frozen=True, slots=True)
-class LoopSettings:
-    """How the simulated scheduler process runs (the engine's ``--overlap``, and the fast path)."""
-
-    overlap: bool = False
-    fast_forward: bool = True
-    max_run_steps: int = 4096
-    copies: CopyCosts | None = None  # prices of the host tier's copies; None: no tier
-    record_steps: bool = False  # keep the step record (``sim.model.step_record``)
-    layout: str = "split"  # the engine's process layout (``schema.layouts.LAYOUTS``)
-    acceptance: AcceptanceModel | None = None  # speculative decoding: drafts accepted
-    seed: int = 0  # of the acceptance draws
-    drafter: SharedDrafter | None = None  # its drafts' cost is the loop's (a model that drafts)
-
-    def copy_time(self, plan: Plan, page_size: int) -> float:
-        """The time of ``plan``'s copies: its writes, then its loads."""
-        if self.copies is None or not plan.has_copies:
-            return 0.0
-        writes = self.copies.write_time(len(plan.writes) * page_size)
-        return writes + self.copies.load_time(len(plan.loads) * page_size)
 
 
 class SimSchedulerLoop:
@@ -250,25 +213,30 @@ class SimSchedulerLoop:
         stats = s.stats()
         schedule = cpu = self.cpu.schedule_time(plan.batch_size) + self._drafting()
         shape = StepShape.of_plan(plan) if plan.has_model_work else None
-        gpu = 0.0
+        gpu = hold = 0.0
         if shape is not None:
             wall, gpu = self.gpu.times(shape)
-            cpu += max(wall - gpu, 0.0)
+            lead = max(wall - gpu, 0.0)
+            cpu += lead
+            hold = max(lead, self.gpu.launch_time(shape) or 0.0)
         now = env.now
-        launch = now + cpu
+        launch = now + cpu  # the GPU may start the step's compute
+        returned = now + schedule + hold  # the host is held in the launch until then
         copied = launch + self.settings.copy_time(plan, s.page_size)  # on the side stream
-        free = launch if prev is None else max(launch, prev.end)  # the host may complete prev
-        start = max(copied, free)  # the GPU starts the step's compute
+        start = copied if prev is None else max(copied, prev.end)  # the GPU starts the compute
+        free = returned if prev is None else max(returned, prev.end)  # the host may complete prev
         launched = None
         if shape is not None and self.seat is not None:  # stretched by the replicas beside it
             gpu = self.seat.price(kind_of(shape.prefill_tokens), start, gpu)
+        duration = max(gpu, returned - start)  # a step ends no sooner than its launch returns
+        end = start + duration
         if shape is not None:
-            p.record_step(plan, shape, start, gpu, stats)
+            p.record_step(plan, shape, start, duration, stats)
             self.reach.widen(shape)
-            launched = Launched(plan, start + gpu, self._accepted(plan))
+            launched = Launched(plan, end, self._accepted(plan))
             if self.record is not None:
-                times = (now, now + schedule, launch, start + gpu)
-                in_flight = prev is not None and launch < prev.end
+                times = (now, now + schedule, returned, end)
+                in_flight = prev is not None and returned < prev.end
                 self.record.add(
                     plan.step, times, gpu, in_flight, self._counts, len(plan.prefill), shape,
                     drafts_of(plan, launched.accepted),
@@ -287,6 +255,15 @@ class SimSchedulerLoop:
             p.handle_events(plan, s.complete(plan, None), env.now)
             if prev is None:
                 yield from self._stalled()
+        elif plan.num_draft_tokens:  # a verify step completes before the next is formed
+            if launched.end > env.now:
+                yield env.timeout(launched.end - env.now)
+            events = self._complete(plan, launched.accepted)
+            detok = self._detokenize_time(events)
+            if detok:
+                yield env.timeout(detok)
+            p.handle_events(plan, events, env.now)
+            return None
         return launched
 
     def _drafting(self) -> float:
@@ -326,7 +303,6 @@ class SimSchedulerLoop:
         schedule = self.cpu.schedule_time(batch)
         detok = batch * self.detokenize  # the loop's text work on a step's tokens (inline)
         device: np.ndarray | None  # the steps' device times, where the loop priced them
-        before_launch: float | np.ndarray  # each iteration's CPU time before its launch
         seat = self.seat
         if seat is not None or prev is not None:  # the steps' device times alone
             alone = self.gpu.decode_device_times(batch, context + batch, longest + 1, k)
@@ -339,26 +315,21 @@ class SimSchedulerLoop:
                 wall = wall + alone * (stretch - 1.0)
                 paid, debt = seat.pay(alone[0] * stretch)
                 wall[0] += paid - alone[0] * stretch
-            gpu, durations, before_launch = wall, wall + (schedule + detok), schedule
-            clock = np.empty(k + 1)  # now, then end j = start j + duration j
-            clock[0] = now
-            clock[1:] = durations
-            np.add.accumulate(clock, out=clock)
-            starts = begins = clock[:-1]
-            ends = token_times = clock[1:]
+            gpu = wall
+            run_times = strict_run(now, gpu, schedule, detok)
             device = None
-        else:  # overlap: GPU starts s_j = max(s_{j-1} + cpu_j, s_{j-1} + gpu_{j-1})
-            gpu = durations = alone
-            cpu = before_launch = schedule + np.maximum(wall - gpu, 0.0)
+        else:  # overlap: the step's host work before the device may start it, and the launch
+            gpu = alone
+            lead = np.maximum(wall - gpu, 0.0)
             if seat is not None:
-                gpu = durations = gpu * stretch
+                gpu = gpu * stretch
                 gpu[0], debt = seat.pay(gpu[0])
-            gaps = np.maximum(gpu[:-1], cpu[1:] + detok)  # iteration j > 0 first detokenizes
-            starts = np.concatenate(([max(now + cpu[0], prev.end)], gaps)).cumsum()
-            # iteration j completes the plan before step j once it starts, then detokenizes it
-            ends = token_times = starts + detok if detok else starts
-            begins = np.concatenate(([now], ends[:-1]))  # iteration j begins as j-1 ends
+            held = self.gpu.decode_launch_times(batch, context + batch, longest + 1, k)
+            hold = None if held is None else schedule + np.maximum(held, lead)
+            run_times = overlapped_run(now, prev.end, schedule + lead, gpu, detok, hold)
             device = gpu
+        begins, starts, step_ends, ends, returned, durations = run_times
+        token_times = ends
         # a request reaching the scheduler before the run's end cuts it after the step
         # running then (the clock's end of the whole run: now + (ends[-1] - now))
         j = k
@@ -391,9 +362,7 @@ class SimSchedulerLoop:
         self._record_run(run, starts[:j], durations[:j], token_times[:j], stats)
         self.reach.widen_run(batch, longest + j)  # the run's last step reads longest + j
         if self.record is not None:
-            launched = begins + before_launch
-            done = ends if prev is None else starts + gpu
-            times = (begins[:j], begins[:j] + schedule, launched[:j], done[:j])
+            times = (begins[:j], begins[:j] + schedule, returned[:j], step_ends[:j])
             first = (batch, context + batch, longest + 1)
             device = np.full(j, np.nan) if device is None else device[:j]
             counts = (stats.num_waiting, stats.num_running)
@@ -401,7 +370,7 @@ class SimSchedulerLoop:
             self.record.add_run(run.first_step, times, device, prev_end, counts, first)
         if run.in_flight is None:
             return None
-        return Launched(run.in_flight, float(starts[j - 1] + gpu[j - 1]))
+        return Launched(run.in_flight, float(step_ends[j - 1]))
 
     def _wait_run(self, begins: np.ndarray, ends: np.ndarray, j: int) -> Generator[Any, Any, int]:
         """Wait for the end of the run's ``j``-th iteration; cut (``cut_run``) at t, wait for
