@@ -152,8 +152,8 @@ def sim_config(args: argparse.Namespace, profile: Path, k: int = 0, acceptance: 
 def measure_profile(args: argparse.Namespace) -> Path:
     """A profile of this machine (``PROFILE_GRID``), with verify rows of every K."""
     out: Path = args.out_dir / "profile.csv"
-    # every power of two up to the largest C too: with overlap the running requests may split
-    # into groups that verify in turn, so verify steps come at batches below C
+    # every power of two below the largest C too: verify steps also run at batches below C
+    # (as requests start and finish), and the table's knots sit at the measured batches
     top = max(args.concurrency)
     batches = sorted({1, *args.concurrency, *(2**i for i in range(top.bit_length()) if 2**i < top)})
     mixed = sorted({1, *(c - 1 for c in args.concurrency if c > 1)})
