@@ -118,6 +118,23 @@ def test_half_the_slots_carry_a_draft(tmp_path: Path) -> None:
     assert full["undrafted_slots"] == 0 and full["verify_slots"] > half["verify_slots"]
 
 
+def test_overlap_drafts_one_stream_as_often_as_strict_steps(tmp_path: Path) -> None:
+    # with overlap a plain slot placed while the request's previous slot is in flight has the
+    # same output length as that one: drawn by it, a plain slot after a verify step made the
+    # next plain too, and one stream at a share of 0.5 drafted about 0.4 of its slots
+    trace = tiny_trace(tmp_path, n=1, output=400)
+    kw = {"speculative": "ngram", "acceptance": "0.3", "num_draft_tokens": 4, "seed": 7,
+          "draft_share": 0.5}  # fmt: skip
+    shares = []
+    for overlap in (False, True):
+        spec = replay(trace, overlap=overlap, **kw).summary["speculative"]
+        slots = spec["verify_slots"] + spec["undrafted_slots"]
+        assert slots > 250
+        shares.append(spec["verify_slots"] / slots)
+    assert abs(shares[0] - 0.5) < 0.09  # ~3 standard deviations
+    assert abs(shares[1] - shares[0]) < 0.03
+
+
 def test_verify_steps_are_priced_as_the_extends_they_are(tmp_path: Path) -> None:
     trace = tiny_trace(tmp_path, n=3, output=30, gap_ms=5.0)
     plain = replay(trace)

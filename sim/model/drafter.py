@@ -4,9 +4,14 @@ The engine's n-gram drafter proposes a draft only where it finds a match; a
 slot without one is a plain decode. ``SharedDrafter`` proposes ``k``
 placeholders (``core.scheduler.PlaceholderDrafter``) on a slot with
 probability ``share`` (``AcceptanceModel.draft_share``), else none. The
-choice is a hash of the run's seed, the request and its output length
-(``sim.costs.acceptance.uniforms``, salted apart from the acceptance draws),
-so it does not depend on batch order, replica placement or the loop.
+choice is a hash of the run's seed, the request and the position its slot
+feeds (``req.num_planned``; ``sim.costs.acceptance.uniforms``, salted apart
+from the acceptance draws), so it does not depend on batch order, replica
+placement or the loop. Not the output length: with overlap, a slot placed
+while the request's previous one is in flight sees the same output length as
+that one, and would repeat its choice (a plain slot after a verify step would
+make the next plain too: at one stream and a share of 0.36, 0.26 of the slots
+were drafted).
 
 A drafter that runs a model costs time (the engine's ``--speculative self``:
 the served model's first layers, run in the scheduler's ``schedule`` call,
@@ -66,13 +71,14 @@ class SharedDrafter:
         return spent
 
     def drafts(self, req: Request) -> bool:
-        """Whether ``req``'s slot at its current output length carries a draft."""
+        """Whether the slot being placed for ``req`` (at position ``req.num_planned``) carries
+        a draft."""
         if self.share >= 1.0:
             return True
         if self.share <= 0.0:
             return False
         key = np.array([zlib.crc32(req.rid.encode())], dtype=np.uint64)
-        u = uniforms(self.seed, key, np.array([len(req.output)], dtype=np.uint64))
+        u = uniforms(self.seed, key, np.array([req.num_planned], dtype=np.uint64))
         return bool(u[0] < self.share)
 
 
