@@ -8,10 +8,8 @@ choice is a hash of the run's seed, the request and the position its slot
 feeds (``req.num_planned``; ``sim.costs.acceptance.uniforms``, salted apart
 from the acceptance draws), so it does not depend on batch order, replica
 placement or the loop. Not the output length: with overlap, a slot placed
-while the request's previous one is in flight sees the same output length as
-that one, and would repeat its choice (a plain slot after a verify step would
-make the next plain too: at one stream and a share of 0.36, 0.26 of the slots
-were drafted).
+while the request's previous one is in flight has the same output length as
+that one, and would repeat its choice.
 
 A drafter that runs a model costs time (the engine's ``--speculative self``:
 the served model's first layers, run in the scheduler's ``schedule`` call,
