@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 from core.scheduler.shape import StepShape
 from lab.profile.grid import StepPoint, cuda_batches
 from sim.costs import TableCostModel
-from sim.costs.fit import PiecewiseFit, relative_errors
+from sim.costs.fit import PiecewiseFit, nonnegative_tail_lstsq, relative_errors
 from sim.costs.profile import Profile, ProfileRow
 
 
@@ -110,6 +110,41 @@ def test_piecewise_fit_interpolates_its_knots_exactly() -> None:
     assert fit.predict_one(13.0, ()) == pytest.approx(10.0)  # last slope above it
     with pytest.raises(ValueError, match="must be > 0"):
         PiecewiseFit.fit(x, np.zeros((4, 0)), np.array([1.0, 0.0, 1.0, 1.0]))
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    rows=st.integers(4, 16),
+    free=st.integers(1, 4),
+    bounded=st.integers(0, 3),
+    seed=st.integers(0, 2**32 - 1),
+)
+def test_nonnegative_tail_lstsq_is_the_bounded_optimum(
+    rows: int, free: int, bounded: int, seed: int
+) -> None:
+    """The KKT conditions of ``min |A c - 1|^2`` with the last ``bounded`` of ``c`` >= 0."""
+    design = np.random.default_rng(seed).normal(size=(rows, free + bounded))
+    coef = nonnegative_tail_lstsq(design, bounded)
+    grad = design.T @ (design @ coef - 1.0)
+    tol = 1e-7 * max(1.0, float(np.abs(design).sum()))
+    assert np.all(coef[free:] >= 0)
+    np.testing.assert_allclose(grad[:free], 0, atol=tol)
+    for c, g in zip(coef[free:], grad[free:], strict=True):
+        assert (abs(g) <= tol) if c > 0 else (g >= -tol)
+
+
+def test_prefill_fit_prices_a_step_of_many_prompts_by_its_tokens() -> None:
+    """One-sequence prefills cannot tell query-key pairs from tokens; a dearer two-prompt row
+    then pulled the pairs' coefficient below zero, and four prompts off the grid paid twice
+    (33 % over the tokens' price)."""
+    prefills = [shape_of(StepPoint(((0, n),), ())) for n in (32, 128, 512, 1024)]
+    rows = [row(s, 0.1 + 2e-3 * s.prefill_tokens) for s in prefills]
+    two = shape_of(StepPoint(((0, 256), (0, 256)), ()))
+    rows.append(row(two, 1.1 * (0.1 + 2e-3 * 512)))
+    table = TableCostModel(Profile("prefill.csv", {}, rows))
+    assert all(c >= 0 for c in table.wall.prefill.fit.coef[-3:])
+    four = shape_of(StepPoint(((0, 468), (0, 536), (0, 250), (0, 304)), ()))
+    assert table.step_time(four) == pytest.approx(0.1 + 2e-3 * 1558, rel=0.1)
 
 
 def padded_time(shape: StepShape) -> float:
