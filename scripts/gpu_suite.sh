@@ -7,7 +7,7 @@
 # Parts (default: all, in this order; each bounded by its own timeout):
 #   probe     where decode-graph capture spends its time (with and without PDL)
 #   tests     tests/test_gpu_engine.py (the TP=2 test needs two GPUs), tests/test_fused_rope.py,
-#             tests/test_decode_pieces.py
+#             tests/test_decode_pieces.py, tests/test_staging.py
 #   runner    decode step time and prefill MFU, Llama-3.1-8B shape
 #   runner_tp2  decode step time at TP=2 over NCCL (two GPUs)
 #   ab        decode steps (device time from CUDA events, host launch time) and profiles,
@@ -155,7 +155,7 @@ for part in $parts; do
         ;;
     tests)
         run tests 420 python3 -m pytest -q -x -p no:cacheprovider tests/test_gpu_engine.py \
-            tests/test_fused_rope.py tests/test_decode_pieces.py
+            tests/test_fused_rope.py tests/test_decode_pieces.py tests/test_staging.py
         ;;
     runner)
         run runner 300 python3 benchmarks/gpu/runner.py --out "$out/runner_llama8b.json" \

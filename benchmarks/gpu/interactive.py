@@ -10,7 +10,9 @@ and sends, one after the other, ``--repeats`` streamed ``/v1/completions`` of
 ``--prompts`` token-id prompts (fresh random ids each time, so no prefix-cache
 hit), each generating ``--new`` tokens (``ignore_eos``, greedy). TTFT is the time
 from sending to the first streamed chunk; TPOT is (last chunk - first chunk) /
-(new tokens - 1). Medians are set against ceilings measured in the same run:
+(new tokens - 1); ``--logprobs N`` asks for each token's log-prob and its N most likely
+alternatives (the server computes them beside the step). Medians are set against ceilings
+measured in the same run:
 
 - TTFT against one prefill of the prompt: model FLOPs at the bf16 matmul rate, or
   the weights read once at the copy bandwidth, whichever is longer;
@@ -72,8 +74,10 @@ def decode_step_s(c: ModelConfig, context: int, bw: float) -> float:
     return (weight_bytes(c) + context * c.kv_bytes_per_token(2)) / bw
 
 
-def stream_one(client: httpx.Client, url: str, model: str, prompt: list[int], new: int) -> dict:
-    body = {
+def stream_one(
+    client: httpx.Client, url: str, model: str, prompt: list[int], new: int, logprobs: int | None
+) -> dict:
+    body: dict[str, Any] = {
         "model": model,
         "prompt": prompt,
         "max_tokens": new,
@@ -81,6 +85,8 @@ def stream_one(client: httpx.Client, url: str, model: str, prompt: list[int], ne
         "ignore_eos": True,
         "stream": True,
     }
+    if logprobs is not None:
+        body["logprobs"] = logprobs
     chunks: list[float] = []
     t0 = time.perf_counter()
     with client.stream("POST", url + "/v1/completions", json=body) as r:
@@ -109,12 +115,14 @@ def serve_variant(args: argparse.Namespace, variant: str, bw: float, peak: float
     rows = []
     try:
         with httpx.Client(timeout=httpx.Timeout(600.0)) as client:
-            stream_one(client, url, args.model, [rng.randint(1, 10000) for _ in range(64)], 16)
+            warm = [rng.randint(1, 10000) for _ in range(64)]
+            stream_one(client, url, args.model, warm, 16, args.logprobs)
             for length in (int(p) for p in args.prompts.split(",")):
                 runs = []
                 for _ in range(args.repeats):
                     prompt = [rng.randint(1, 10000) for _ in range(length)]
-                    runs.append(stream_one(client, url, args.model, prompt, args.new))
+                    run = stream_one(client, url, args.model, prompt, args.new, args.logprobs)
+                    runs.append(run)
                 ttft = statistics.median(r["ttft_s"] for r in runs)
                 tpot = statistics.median(r["tpot_s"] for r in runs)
                 ttft_floor = prefill_s(config, length, bw, peak)
@@ -175,6 +183,9 @@ def main() -> None:
     ap.add_argument("--prompts", default="1024,8192", help="prompt lengths in tokens")
     ap.add_argument("--new", type=int, default=256, help="tokens generated per stream")
     ap.add_argument("--repeats", type=int, default=5, help="streams per prompt length")
+    ap.add_argument(
+        "--logprobs", type=int, default=None, help="each request asks for N top log-probs"
+    )
     ap.add_argument("--variants", default="fused", help="comma list of: base, fused (the default)")
     ap.add_argument("--runner-steps", action="store_true")
     ap.add_argument("--serve-args", nargs=argparse.REMAINDER, default=[])

@@ -60,7 +60,7 @@ from engine.runner.graphs import DecodeGraphs
 from engine.runner.host_memory import keep_large_blocks
 from engine.runner.inputs import FROM_LAST_SAMPLE, StepInputs, StepOutput
 from engine.runner.layout import StepLayout
-from engine.runner.staging import Staging
+from engine.runner.staging import Staging, device_ints
 from engine.runner.step import StepHandle, StepLogprobs, recorded_event
 from engine.runner.table import RequestTable
 from engine.sampling.logprobs import PendingLogprobs, pending_logprobs
@@ -303,9 +303,11 @@ class ModelRunner:
             return None
         sampled = None
         if rows:
-            index = torch.tensor(rows, dtype=torch.int64, device=self.device)
-            num_top = [wanted[i] or 0 for i in rows]
-            sampled = pending_logprobs(forward.logits[index, :limit], tokens[index], num_top)
+            logits, picked = forward.logits[:, :limit], tokens
+            if len(rows) < len(wanted):  # some rows only (all rows need no gather)
+                index = device_ints(rows, self.device)
+                logits, picked = logits[index], tokens[index]
+            sampled = pending_logprobs(logits, picked, [wanted[i] or 0 for i in rows])
         prompt: list[tuple[list[int], PendingLogprobs] | None] = []
         qo = forward.layout.qo_indptr
         for i, req in enumerate(inputs.prompt_logprobs):
@@ -314,7 +316,7 @@ class ModelRunner:
                 continue
             n = len(req.targets)
             logits = self.model.compute_logits(forward.hidden[int(qo[i]) : int(qo[i]) + n])
-            targets = torch.tensor(req.targets, dtype=torch.int64, device=self.device)
+            targets = device_ints(req.targets, self.device)
             prompt.append(
                 (req.targets, pending_logprobs(logits[:, :limit], targets, [req.num_top] * n))
             )
