@@ -18,7 +18,10 @@ What ``.gpu/`` holds:
   kernels the engine uses come compiled in the tracked
   ``gpu/flashinfer-jit-sm90.tar.gz``, which ``gpu_env.sh`` unpacks there);
 - ``tokenizer/``: SmolLM2's tokenizer, chat template and configs without weights
-  (dummy-weight presets borrow it with ``--tokenizer .gpu/tokenizer``).
+  (dummy-weight presets borrow it with ``--tokenizer .gpu/tokenizer``);
+- ``base/`` (with ``--base REV``): the code of commit ``REV`` (its tracked files but
+  reports, traces, tests and docs), for ``scripts/gpu_ab.sh``: an A/B of the working tree
+  against ``REV`` in one run. A run without ``--base`` removes it.
 """
 
 from __future__ import annotations
@@ -122,9 +125,37 @@ def copy_tokenizer(model: Path, dest: Path) -> None:
             shutil.copy(f, dest / f.name)
 
 
+BASE_LEAVES = ("reports", "traces", "tests", "docs")
+"""Tracked folders that ``base/`` leaves out: nothing an A/B runs needs them."""
+
+
+def export_base(rev: str, dest: Path) -> None:
+    """``rev``'s tracked files (but ``BASE_LEAVES``) in ``dest``, its full hash in ``.ab_rev``."""
+    full = subprocess.run(
+        ["git", "rev-parse", "--verify", f"{rev}^{{commit}}"],
+        cwd=ROOT, capture_output=True, text=True, check=False,
+    )  # fmt: skip
+    if full.returncode != 0:
+        sys.exit(f"--base {rev}: not a commit of this repository")
+    shutil.rmtree(dest, ignore_errors=True)
+    dest.mkdir(parents=True)
+    archive = subprocess.run(
+        ["git", "archive", "--format=tar", full.stdout.strip()],
+        cwd=ROOT, capture_output=True, check=True,
+    )  # fmt: skip
+    with tempfile.TemporaryFile() as f:
+        f.write(archive.stdout)
+        f.seek(0)
+        with tarfile.open(fileobj=f) as tar:
+            keep = [m for m in tar.getmembers() if m.name.split("/")[0] not in BASE_LEAVES]
+            tar.extractall(dest, members=keep, filter="data")
+    (dest / ".ab_rev").write_text(full.stdout)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     ap.add_argument("--out", type=Path, default=ROOT / ".gpu")
+    ap.add_argument("--base", metavar="REV", help="a commit to A/B against (scripts/gpu_ab.sh)")
     args = ap.parse_args()
     from engine.models.setup import ensure_model
 
@@ -134,6 +165,12 @@ def main() -> None:
     if not (out / "flashinfer.tar.gz").exists():
         build_flashinfer(out / "flashinfer.tar.gz")
     copy_tokenizer(ensure_model("smollm2-135m"), out / "tokenizer")
+    if args.base:
+        export_base(args.base, out / "base")
+        print(f"{out / 'base'}: {args.base}")
+    elif (out / "base").exists():
+        shutil.rmtree(out / "base")
+        print(f"removed {out / 'base'} (no --base)")
     size = sum(f.stat().st_size for f in out.rglob("*") if f.is_file())
     print(f"{out}: {size / 2**20:.1f} MiB")
     if size > 48 * 2**20:
