@@ -12,6 +12,7 @@ from core.scheduler import Plan, PrefillChunk, SchedulerConfig
 from engine.runner import ModelRunner, RunnerArgs, StepInputs
 from engine.runner.staging import device_ints
 from engine.sampling import SamplingParams
+from engine.sampling.logprobs import pending_logprobs
 
 
 def test_device_ints_on_cpu_are_the_values() -> None:
@@ -61,3 +62,24 @@ def test_a_step_returns_the_log_probs_of_the_rows_that_asked(
         assert entries is not None and entries[0].token_id == token
         assert entries[0].logprob == pytest.approx(float(reference[row, token]), abs=1e-4)
         assert entries[0].top_ids == reference[row].topk(k).indices.tolist()
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_log_probs_go_to_pinned_memory_without_waiting() -> None:
+    """A step's log-probs are copied to the host behind its tokens, not read from the device
+    after the next step was launched (a read that would wait for that step)."""
+    device = torch.device("cuda")
+    logits = torch.randn(3, 100, device=device)
+    pending = pending_logprobs(logits, torch.tensor([1, 2, 3], device=device), [2, 0, 1])
+    torch.cuda._sleep(1 << 31)  # type: ignore[no-untyped-call]  # the next step, in flight
+    t0 = time.perf_counter()
+    host = pending.to_host()
+    returned = time.perf_counter() - t0
+    torch.cuda.synchronize()
+    assert returned < 0.05 and host.chosen.is_pinned() and not host.top_ids.is_cuda
+    assert host.entries([1, 2, 3]) == pending.entries([1, 2, 3])
+
+
+def test_log_probs_on_the_host_stay_as_they_are() -> None:
+    on_host = pending_logprobs(torch.randn(3, 100), torch.tensor([1, 2, 3]), [2, 0, 1])
+    assert on_host.to_host() is on_host

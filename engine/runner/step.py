@@ -1,9 +1,10 @@
 """A launched step: its results on the device, and their way back to the host.
 
-``StepHandle.result()`` waits for the copy of the step's tokens into pinned host
-memory (a CUDA event), keeps the verified tokens of each slot with a draft
-(``engine.sampling.verify``) and reads the log-probs the requests asked for, so
-a caller can launch step N+1 before it reads step N's results. On CPU the step
+``StepHandle.result()`` waits for the copy of the step's tokens and the log-probs
+its requests asked for into pinned host memory (a CUDA event) and keeps the
+verified tokens of each slot with a draft (``engine.sampling.verify``), so a
+caller can launch step N+1 before it reads step N's results: nothing it reads
+comes from the device, which would wait for step N+1 too. On CPU the step
 has already run when it is launched. A handle given the CUDA event that opened
 the step's device work times it: ``device_ms()`` once its tokens are read.
 """
@@ -36,6 +37,14 @@ class StepLogprobs:
     sampled: PendingLogprobs | None = None
     prompt: list[tuple[list[int], PendingLogprobs] | None] = field(default_factory=list)
 
+    def to_host(self) -> StepLogprobs:
+        """Every part copied to pinned host memory without waiting (``PendingLogprobs.to_host``)."""
+        return StepLogprobs(
+            self.rows,
+            None if self.sampled is None else self.sampled.to_host(),
+            [None if p is None else (p[0], p[1].to_host()) for p in self.prompt],
+        )
+
 
 class StepHandle:
     def __init__(
@@ -61,6 +70,10 @@ class StepHandle:
         if sampled is not None and sampled.is_cuda:
             self._host = torch.empty(sampled.shape, dtype=sampled.dtype, pin_memory=True)
             self._host.copy_(sampled, non_blocking=True)
+            # log-probs are read from pinned copies after the event: read from the device,
+            # they would wait for every step launched since
+            if logprobs is not None:
+                self.logprobs = logprobs.to_host()
             self._event = recorded_event(timing=started is not None)
             if started is not None:
                 self.timing = (started, self._event)

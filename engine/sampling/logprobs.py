@@ -41,14 +41,30 @@ class PendingLogprobs:
     """Log-probabilities of some rows, computed on the device and read by the host later.
 
     Row ``i`` scored one token; ``num_top[i]`` of the ``top_*`` columns are its
-    alternatives. ``entries`` copies them to the host (waiting for the device), so
-    a step can be launched before the previous step's log-probs are read.
+    alternatives. ``to_host`` queues their copy into pinned host memory, so that reading
+    them later waits for that copy only: ``entries`` on device tensors copies from the
+    device, which waits for everything queued since, the next step included.
     """
 
     num_top: list[int]
     chosen: torch.Tensor  # float32 [R]
     top_values: torch.Tensor  # float32 [R, K]
     top_ids: torch.Tensor  # int64 [R, K]
+
+    def to_host(self) -> PendingLogprobs:
+        """The same log-probs in pinned host memory, copied without waiting (CUDA tensors; on
+        the host already, itself): read them once an event recorded after this call is done."""
+        if not self.chosen.is_cuda:
+            return self
+        import torch
+
+        def pinned(t: torch.Tensor) -> torch.Tensor:
+            host = torch.empty(t.shape, dtype=t.dtype, pin_memory=True)
+            return host.copy_(t, non_blocking=True)
+
+        return PendingLogprobs(
+            self.num_top, pinned(self.chosen), pinned(self.top_values), pinned(self.top_ids)
+        )
 
     def entries(self, tokens: Sequence[int]) -> list[TokenLogprob]:
         """The entries of the rows, ``tokens[i]`` being the token row ``i`` scored."""
