@@ -27,7 +27,9 @@ with ``engine profile`` first when left out, with verify rows of every K). The a
 measured, the step costs come from the profile: each speculating run is simulated with one
 acceptance model, that run's (its workload, K and C) as ``/metrics`` counts it: the histogram
 of accepted draft tokens per verify slot, and the share of decode slots that carried a draft
-(the simulated drafter drafts that share of the slots). Reported: the speed-up (speculating
+(the simulated drafter drafts that share of the slots), once per ``--sim-seeds`` seed (5):
+which slots draft and how many drafts are accepted are draws, so the simulated figures are
+the means over the seeds (each seed's in the JSON). Reported: the speed-up (speculating
 over plain tokens/s) and the acceptance rate in both worlds, and the simulator's relative
 errors. Servers and simulator run without the prefix cache (each workload is sent once per C
 to the same server); the simulated servers overlap scheduling as the real ones' cards say.
@@ -56,7 +58,14 @@ from typing import Any
 
 from serving_load import MODEL, write_runs
 from speculative_real import Prompt, differences, run_server
-from speculative_sim import measure_profile, relative_error, sim_config, simulate, speedup
+from speculative_sim import (
+    measure_profile,
+    relative_error,
+    seed_means,
+    sim_config,
+    simulate,
+    speedup,
+)
 
 from sim.replay import build_costs
 
@@ -141,6 +150,13 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--num-pages", type=int, default=1024, help="KV pages, server and simulator")
     p.add_argument("--serve-args", default="", help="more engine serve flags, for every server")
     p.add_argument("--seed", type=int, default=0, help="the simulator's acceptance draws")
+    p.add_argument(
+        "--sim-seeds",
+        type=int,
+        default=5,
+        help="simulate each speculating run with this many seeds (--seed and the next ones): "
+        "its figures are their means, their spread in the JSON's `seeds`",
+    )
     p.add_argument("--profile", type=Path, help="the server's profile; left out: measure one")
     sim_help = "the simulated side (on a GPU: with --profile of it, else --no-sim)"
     p.add_argument("--sim", action=argparse.BooleanOptionalAction, default=True, help=sim_help)
@@ -206,9 +222,13 @@ def simulated(args: argparse.Namespace, profile: Path, costs: Any, plain: dict[s
         model = {"accepted_lengths": measured["accepted_lengths"], "num_draft_tokens": k,
                  "draft_share": measured["draft_share"]}  # fmt: skip
         path.write_text(json.dumps(model) + "\n")
-        sim = simulate(sim_config(args, profile, k, str(path)), costs, spec["requests"], c)
+        seeds = range(args.seed, args.seed + max(1, args.sim_seeds))
+        runs = [
+            simulate(sim_config(args, profile, k, str(path), s), costs, spec["requests"], c)
+            for s in seeds
+        ]
+        sim = seed_means(runs, list(seeds), sim_plain)
         sim["acceptance_file"] = str(path)
-        sim["speedup"] = speedup(sim, sim_plain)
         sim["error_speedup"] = relative_error(sim["speedup"], speedup(spec, plain))
         rate = sim["spec"]["acceptance_rate"]
         sim["error_acceptance_rate"] = relative_error(rate, measured["acceptance_rate"])

@@ -7,8 +7,9 @@ gap. Priced by the profile (``measure_profile``: ``engine profile`` with verify
 rows of every K, when none is given); a speculating run is simulated with one
 acceptance model, that run's measurement: the histogram of accepted draft
 tokens per verify slot and the share of decode slots that carried a draft
-(``/metrics``). Also the figures both sides are reduced to: output tokens/s,
-the acceptance, the speed-up and relative errors.
+(``/metrics``), once per seed (``seed_means`` averages them). Also the figures
+both sides are reduced to: output tokens/s, the acceptance, the speed-up and
+relative errors.
 """
 
 from __future__ import annotations
@@ -133,13 +134,20 @@ def simulate(
     return out
 
 
-def sim_config(args: argparse.Namespace, profile: Path, k: int = 0, acceptance: str = "") -> Any:
+def sim_config(
+    args: argparse.Namespace,
+    profile: Path,
+    k: int = 0,
+    acceptance: str = "",
+    seed: int | None = None,
+) -> Any:
     """The simulated server: the profile's table model, no prefix cache (as the servers run),
     overlap scheduling as the servers' cards say (``args.overlap``, once known); with ``k``,
-    speculating with ``acceptance`` (a file of the measured histogram)."""
+    speculating with ``acceptance`` (a file of the measured histogram), its draws by ``seed``
+    (default ``args.seed``)."""
     values = {"model": args.model, "profile": str(profile), "cost_model": "table",
               "dtype": profile_dtype(profile), "num_pages": args.num_pages,
-              "prefix_cache": False, "seed": args.seed}  # fmt: skip
+              "prefix_cache": False, "seed": args.seed if seed is None else seed}  # fmt: skip
     if getattr(args, "overlap", None) is not None:
         values["overlap"] = args.overlap
     if k:
@@ -173,6 +181,25 @@ def measure_profile(args: argparse.Namespace) -> Path:
 def speedup(spec: dict[str, Any], plain: dict[str, Any]) -> float:
     """Output tokens/s of the speculating run over the plain one's."""
     return float(spec["tokens_per_s"] / plain["tokens_per_s"])
+
+
+def seed_means(
+    runs: list[dict[str, Any]], seeds: list[int], plain: dict[str, Any]
+) -> dict[str, Any]:
+    """The first seed's simulated run (its requests, histogram and verify steps) with the
+    figures the tables show replaced by their means over every seed's run, each seed's in
+    ``seeds``: the drafter's choices and the acceptance are draws, and one set of them, keyed
+    by request and position alike in every case, errs alike in every case."""
+    per_seed = [
+        {"seed": s, "tokens_per_s": r["tokens_per_s"], "speedup": speedup(r, plain),
+         "acceptance_rate": r["spec"]["acceptance_rate"], "draft_share": r["spec"]["draft_share"]}
+        for s, r in zip(seeds, runs, strict=True)
+    ]  # fmt: skip
+    out = runs[0] | {"seeds": per_seed}
+    means = {k: float(np.mean([p[k] for p in per_seed])) for k in per_seed[0] if k != "seed"}
+    out["tokens_per_s"], out["speedup"] = means["tokens_per_s"], means["speedup"]
+    out["spec"] = runs[0]["spec"] | {k: means[k] for k in ("acceptance_rate", "draft_share")}
+    return out
 
 
 def relative_error(sim: float, real: float) -> float:

@@ -31,6 +31,7 @@ from speculative_sim import (
     acceptance_figures,
     closed_loop_arrivals,
     relative_error,
+    seed_means,
     speedup,
     think_gaps,
     throughput,
@@ -121,6 +122,23 @@ def test_speedup_and_errors() -> None:
     assert speedup(spec, plain) == pytest.approx(1.6)
     assert relative_error(1.76, 1.6) == pytest.approx(0.1)
     assert relative_error(1.0, 0.0) != relative_error(1.0, 0.0)  # nan: nothing to compare with
+
+
+def test_seeds_average_the_figures_and_keep_the_first_run() -> None:
+    plain = {"tokens_per_s": 10.0}
+    runs: list[dict[str, Any]] = [
+        {"tokens_per_s": t, "requests": [t], "spec": {"acceptance_rate": a, "draft_share": d,
+                                                      "accepted_lengths": [t]}}
+        for t, a, d in ((12.0, 0.4, 0.3), (16.0, 0.6, 0.5))
+    ]  # fmt: skip
+    out = seed_means(runs, [7, 8], plain)
+    assert out["speedup"] == pytest.approx(1.4) and out["tokens_per_s"] == pytest.approx(14.0)
+    assert out["spec"]["acceptance_rate"] == pytest.approx(0.5)
+    assert out["spec"]["draft_share"] == pytest.approx(0.4)
+    assert out["requests"] == [12.0] and out["spec"]["accepted_lengths"] == [12.0]
+    assert [s["seed"] for s in out["seeds"]] == [7, 8]
+    assert [s["speedup"] for s in out["seeds"]] == pytest.approx([1.2, 1.6])
+    assert runs[0]["spec"]["acceptance_rate"] == 0.4  # the runs are left as they were
 
 
 def test_the_draft_share_is_of_every_decode_slot() -> None:
