@@ -1,4 +1,4 @@
-"""Host values to the device without waiting for the stream (``engine.runner.staging``), and
+"""Host values to the device without waiting for the stream (``device_ints``), and
 the log-probs a step gathers with them."""
 
 from __future__ import annotations
@@ -9,8 +9,8 @@ import pytest
 import torch
 
 from core.scheduler import Plan, PrefillChunk, SchedulerConfig
+from engine.kvcache.host_pool import device_ints
 from engine.runner import ModelRunner, RunnerArgs, StepInputs
-from engine.runner.staging import device_ints
 from engine.sampling import SamplingParams
 from engine.sampling.logprobs import pending_logprobs
 

@@ -80,19 +80,11 @@ class HostKVPool:
     def _write(self, writes: Sequence[tuple[int, int]]) -> None:
         if not writes:
             return
-        pages = self._indices([p for p, _ in writes])
+        pages = device_ints([p for p, _ in writes], self.device)
         staged = torch.stack([layer.index_select(0, pages) for layer in self.layers], dim=1)
         for lo, hi, first in _runs([s for _, s in writes]):
             self.slots[first : first + hi - lo].copy_(staged[lo:hi], non_blocking=True)
         self.written_tokens += len(writes) * self.page_size
-
-    def _indices(self, values: list[int]) -> torch.Tensor:
-        """``values`` as int64 page indices on the device, queued on the current stream
-        without waiting for it (from pinned memory, which the copy keeps alive)."""
-        host = torch.tensor(values, dtype=torch.int64)
-        if self.stream is None:
-            return host
-        return host.pin_memory().to(self.device, non_blocking=True)
 
     def _load(self, loads: Sequence[tuple[int, int]]) -> None:
         if not loads:
@@ -102,7 +94,7 @@ class HostKVPool:
         )
         for lo, hi, first in _runs([s for s, _ in loads]):
             staged[lo:hi].copy_(self.slots[first : first + hi - lo], non_blocking=True)
-        pages = self._indices([p for _, p in loads])
+        pages = device_ints([p for _, p in loads], self.device)
         for i, layer in enumerate(self.layers):
             layer.index_copy_(0, pages, staged[:, i])
         self.loaded_tokens += len(loads) * self.page_size
@@ -121,3 +113,18 @@ def _runs(slots: Sequence[int]) -> Iterator[tuple[int, int, int]]:
         if i == len(slots) or slots[i] != slots[i - 1] + 1:
             yield start, i, slots[start]
             start = i
+
+
+def device_ints(values: Sequence[int], device: torch.device) -> torch.Tensor:
+    """``values`` as an int64 tensor on ``device``, queued without waiting for the stream.
+
+    ``torch.tensor(values, device=cuda)`` copies from pageable memory, which first waits for
+    everything queued on the stream: with overlap scheduling, for the step in flight, so the
+    host would launch the next step only once the device is idle. From pinned memory the
+    copy is queued and the call returns (the caching host allocator keeps the buffer until
+    the copy is done).
+    """
+    host = torch.tensor(values, dtype=torch.int64)
+    if device.type != "cuda":
+        return host
+    return host.pin_memory().to(device, non_blocking=True)

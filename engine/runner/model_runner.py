@@ -48,7 +48,7 @@ from core.scheduler.pages import pages_for
 from core.scheduler.plan import Plan
 from engine.attention import AttentionMetadata, get_backend, resolve_name
 from engine.distributed.parallel import TPInfo, head_partition
-from engine.kvcache.host_pool import HostKVPool
+from engine.kvcache.host_pool import HostKVPool, device_ints
 from engine.kvcache.pool import KVPool
 from engine.models.llama import LlamaForCausalLM
 from engine.models.loader import init_dummy, load_safetensors
@@ -60,7 +60,7 @@ from engine.runner.graphs import DecodeGraphs
 from engine.runner.host_memory import keep_large_blocks
 from engine.runner.inputs import FROM_LAST_SAMPLE, StepInputs, StepOutput
 from engine.runner.layout import StepLayout
-from engine.runner.staging import Staging, device_ints
+from engine.runner.staging import Staging
 from engine.runner.step import StepHandle, StepLogprobs, recorded_event
 from engine.runner.table import RequestTable
 from engine.sampling.logprobs import PendingLogprobs, pending_logprobs

@@ -59,21 +59,6 @@ class Staging:
             self._event.synchronize()
 
 
-def device_ints(values: Sequence[int], device: torch.device) -> torch.Tensor:
-    """``values`` as an int64 tensor on ``device``, queued without waiting for the stream.
-
-    ``torch.tensor(values, device=cuda)`` copies from pageable memory, which first waits for
-    everything queued on the stream: with overlap scheduling, for the step in flight, so the
-    host would launch the next step only once the device is idle. From pinned memory the
-    copy is queued and the call returns (the caching host allocator keeps the buffer until
-    the copy is done).
-    """
-    host = torch.tensor(values, dtype=torch.int64)
-    if device.type != "cuda":
-        return host
-    return host.pin_memory().to(device, non_blocking=True)
-
-
 def _layout(arrays: Sequence[np.ndarray]) -> tuple[list[int], int]:
     offsets = []
     total = 0
