@@ -16,9 +16,8 @@ extra feature's coefficient ``d_j >= 0``: reading more context or attending over
 more query-key pairs never makes a step cheaper. A grid whose rows do not tell a
 feature apart from the spine (pure prefills of one sequence each: their
 query-key pairs follow from their tokens) otherwise lets a negative ``d_j``
-trade against steeper spine slopes, and a step off the grid pays for both:
-four prompts of 1,558 tokens in all, priced at 7.7 s where one step of 1,024
-tokens was measured at 2.25 s. With a knot
+trade against steeper spine slopes, and a step off the grid (several prompts,
+fewer pairs than one prompt of as many tokens) pays for both. With a knot
 at every measured ``x`` the spine follows step shapes such as CUDA-graph
 batch-size buckets as finely as the grid resolves them: measuring both sides
 of a step (e.g. batch 16 and 17) pins it.
@@ -118,7 +117,7 @@ def nonnegative_tail_lstsq(design: np.ndarray, bounded: int) -> np.ndarray:
     """
     target = np.ones(len(design))
     free = design.shape[1] - bounded
-    best, best_cost = None, math.inf
+    best, best_cost = np.zeros(design.shape[1]), math.inf
     for kept in itertools.product((True, False), repeat=bounded):  # all free first
         cols = np.concatenate([np.ones(free, dtype=bool), np.array(kept, dtype=bool)])
         sub, *_ = np.linalg.lstsq(design[:, cols], target, rcond=None)
@@ -129,9 +128,8 @@ def nonnegative_tail_lstsq(design: np.ndarray, bounded: int) -> np.ndarray:
         if all(kept):  # the unbounded optimum is feasible: it is the optimum
             return coef
         cost = float(np.sum((design @ coef - target) ** 2))
-        if best is None or cost < best_cost * (1 - 1e-12):
+        if cost < best_cost:  # every bounded coefficient at zero is feasible: one is
             best, best_cost = coef, cost
-    assert best is not None  # every bounded coefficient at zero is always feasible
     return best
 
 
