@@ -230,19 +230,21 @@ def gpu_only(test: Any) -> Any:
 TIE = 0.05  # bfloat16: kernels that sum in other orders may flip an argmax this close
 
 
-def _gpu_runner(backend: str) -> ModelRunner:
+def _gpu_runner(backend: str, num_draft_tokens: int = 0) -> ModelRunner:
+    """Qwen3-0.6B's shape; ``num_draft_tokens`` K > 0 captures verify graphs of 1 + K rows."""
     from engine.attention import ATTENTION_BACKENDS
 
     if backend not in ATTENTION_BACKENDS:
         pytest.skip(f"needs the {backend} attention backend")
-    scheduler = SchedulerConfig(num_pages=256, max_running=8)
+    scheduler = SchedulerConfig(num_pages=256, max_running=8, num_draft_tokens=num_draft_tokens)
     args = RunnerArgs(model="qwen3-0.6b", dummy_weights=True, device="cuda", scheduler=scheduler)
     return ModelRunner(replace(args, attention_backend=backend))
 
 
 def _verify_plans(prompt: list[int]) -> list[tuple[Plan, StepInputs]]:
     """Teacher-forced steps: two prefills, then verify spans beside a plain decode slot and a
-    prefill chunk, then verify spans alone (drafts of 3 and 1 tokens)."""
+    prefill chunk, then verify spans beside a plain decode slot (drafts of 3 and 1 tokens),
+    then verify spans alone, every draft 3 tokens (the shape a verify graph of K = 3 takes)."""
     sp = SamplingParams(temperature=0.0)
     pa, pb, pc = (0, 1, 2, 3, 4, 5), (6, 7, 8), (9, 10, 11)
     a, b = prompt[:70], prompt[70:100]
@@ -273,6 +275,17 @@ def _verify_plans(prompt: list[int]) -> list[tuple[Plan, StepInputs]]:
             ),
             StepInputs([], [d[11], d[4], d[15]], [sp] * 3, [2, 5, 1]),
         ),
+        (
+            Plan(
+                4,
+                decode=(
+                    DecodeSlot("b", 33, pb, tuple(d[13:16])),
+                    DecodeSlot("a", 78, pa, tuple(d[9:12])),
+                    DecodeSlot("c", 21, pc, tuple(d[16:19])),
+                ),
+            ),
+            StepInputs([], [d[12], d[8], d[15]], [sp] * 3, [4, 9, 2]),
+        ),
     ]
 
 
@@ -280,10 +293,11 @@ def _verify_plans(prompt: list[int]) -> list[tuple[Plan, StepInputs]]:
 @gpu_only
 def test_cuda_flashinfer_verify_logits_match_torch_backend(graphs: bool) -> None:
     """FlashInfer lays a verify span out as a prefill chunk (causal over its context): its
-    logits match the torch backend's (bfloat16 tolerance), graphs captured or not."""
-    runner = _gpu_runner("flashinfer")
+    logits match the torch backend's (bfloat16 tolerance), graphs captured or not; with
+    graphs, the last step (three spans of 1 + 3 rows) replays the verify graph of 4 slots."""
+    runner = _gpu_runner("flashinfer", num_draft_tokens=3)
     if not graphs:
-        runner.graphs = None
+        runner.close()
     reference = _gpu_runner("torch")
     prompt = torch.randint(0, 40000, (200,), generator=torch.Generator().manual_seed(3)).tolist()
     for plan, inputs in _verify_plans(prompt):
@@ -295,15 +309,18 @@ def test_cuda_flashinfer_verify_logits_match_torch_backend(graphs: bool) -> None
         top2 = want.topk(2, dim=-1).values
         clear = (top2[:, 0] - top2[:, 1]) > TIE
         assert bool(((got.argmax(-1) == want.argmax(-1)) | ~clear).all()), plan.step
+    if graphs:
+        assert runner.verify_graphs is not None and runner.verify_graphs.replays == 1
 
 
 @gpu_only
 def test_cuda_greedy_speculative_output_equals_plain() -> None:
-    """FlashInfer with decode graphs and overlap, as served on CUDA: the same greedy tokens
-    with n-gram drafts as without, or a first difference where the two best logits tie."""
+    """FlashInfer with decode and verify graphs and overlap, as served on CUDA: the same
+    greedy tokens with n-gram drafts as without, or a first difference where the two best
+    logits tie; the steps whose every slot drafts 4 tokens replay verify graphs."""
     from test_gpu_engine import _divergence_is_a_tie
 
-    runner = _gpu_runner("flashinfer")
+    runner = _gpu_runner("flashinfer", num_draft_tokens=4)
     gen = torch.Generator().manual_seed(7)
     prompts = {}
     for i, n in enumerate((12, 25, 40)):
@@ -314,6 +331,7 @@ def test_cuda_greedy_speculative_output_equals_plain() -> None:
     plain, _ = run(runner, requests, overlap=True)
     out, driver = run(runner, requests, 4, overlap=True)
     assert driver.speculative is not None and driver.speculative.verify_slots > 0
+    assert runner.verify_graphs is not None and runner.verify_graphs.replays > 0
     for name, prompt in prompts.items():
         want, got = plain.tokens[name], out.tokens[name]
         assert len(got) == len(want) == 32

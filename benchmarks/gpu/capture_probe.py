@@ -19,7 +19,7 @@ import torch
 
 from core.scheduler import SchedulerConfig
 from engine.runner import ModelRunner, RunnerArgs
-from engine.runner.graphs import DecodeGraphs
+from engine.runner.graphs import StepGraphs
 
 
 def first_calls() -> None:
@@ -68,7 +68,7 @@ def main() -> None:
         )
     )
     print(f"runner without graphs: {time.perf_counter() - t0:.1f}s", flush=True)
-    graphs = DecodeGraphs(
+    graphs = StepGraphs(
         runner.model, runner.attention, runner.kv, args.max_bs, runner.max_pages_per_seq
     )
     profiler = cProfile.Profile()

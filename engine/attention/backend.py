@@ -8,11 +8,12 @@ prefill chunk, and to every earlier position already in the pool (prefix-cache
 hits, earlier chunks, decode context).
 
 Backends that can run inside a CUDA graph (``supports_graphs``) also implement
-the capture hooks: ``init_graphs`` allocates the fixed buffers once, and
-``prepare_graph(bs, meta, out_slots)`` points ``forward`` at the buffers of batch
-size ``bs`` and plans them for ``meta`` (padded to ``bs`` sequences), before a
-capture and before every replay. ``plan`` work stays outside the graph; only
-``forward`` is captured.
+the capture hooks: ``init_graphs`` allocates the fixed buffers once per row
+width (1: decode steps; ``1 + K``: verify steps, every sequence an extend of
+that many rows), and ``prepare_graph(bs, meta, out_slots, width)`` points
+``forward`` at the buffers of batch size ``bs`` and plans them for ``meta``
+(padded to ``bs`` sequences), before a capture and before every replay.
+``plan`` work stays outside the graph; only ``forward`` is captured.
 """
 
 from __future__ import annotations
@@ -66,15 +67,21 @@ class AttentionBackend(ABC):
         """``forward`` for a step whose K/V the model already stored at ``kv_store``'s slots."""
         raise NotImplementedError(f"the {self.name} backend writes K/V itself (kv_store)")
 
-    def init_graphs(self, batch_sizes: list[int], max_pages: int) -> None:
+    def init_graphs(self, batch_sizes: list[int], max_pages: int, width: int) -> None:
         raise NotImplementedError(f"the {self.name} backend does not run in CUDA graphs")
 
-    def prepare_graph(self, bs: int, meta: AttentionMetadata, out_slots: torch.Tensor) -> None:
+    def prepare_graph(
+        self, bs: int, meta: AttentionMetadata, out_slots: torch.Tensor, width: int
+    ) -> None:
         raise NotImplementedError(f"the {self.name} backend does not run in CUDA graphs")
+
+    def graph_batch_limit(self, width: int) -> int:
+        """The most sequences a graph of ``width`` rows a sequence may be captured for."""
+        return 1 << 30
 
     def graph_fits(self, meta: AttentionMetadata, bs: int) -> bool:
-        """Whether the decode step ``meta`` may replay the graph captured for ``bs`` rows
-        (else it runs eagerly)."""
+        """Whether the step ``meta`` may replay the graph captured for ``bs`` sequences (else
+        it runs eagerly)."""
         return True
 
 

@@ -45,6 +45,7 @@ from engine.kvcache.pool import KVPool
 
 WORKSPACE_BYTES = 256 * 1024 * 1024
 DECODE_WORKSPACE_BYTES = 64 * 1024 * 1024
+MAX_CTA_TILE_Q = 128  # the largest query tile of FlashInfer's FA2 prefill kernels
 HEAD_DIMS = (64, 128, 256)
 MIN_PIECE_TOKENS = 4096
 CTAS_PER_SM = 2  # FlashInfer's budget for splitting KV: two CTAs a SM, per KV head
@@ -122,7 +123,7 @@ class FlashInferAttention(AttentionBackend):
             self.merge = merge_kernel.merge
         sms = torch.cuda.get_device_properties(self.device).multi_processor_count
         self.slots = CTAS_PER_SM * sms // pool.num_kv_heads
-        self.graph_wrappers: dict[int, Any] = {}
+        self.graph_wrappers: dict[tuple[int, int], Any] = {}  # (width, batch size)
         self.wrapper: Any = None
         self.out_slots: torch.Tensor | None = None
         self._decode_part: _DecodePart | None = None
@@ -205,7 +206,9 @@ class FlashInferAttention(AttentionBackend):
         )
 
     def graph_fits(self, meta: AttentionMetadata, bs: int) -> bool:
-        return self.decode is None or self._pieces(meta, bs - meta.num_seqs) is None
+        if self.decode is None or meta.num_prefill:  # extends plan on the prefill wrapper
+            return True
+        return self._pieces(meta, bs - meta.num_seqs) is None
 
     def prepare(self, meta: AttentionMetadata) -> None:
         n = meta.num_prefill
@@ -270,25 +273,66 @@ class FlashInferAttention(AttentionBackend):
             lse=torch.full((count + 1, heads), float("-inf"), device=self.device),
         )
 
-    def init_graphs(self, batch_sizes: list[int], max_pages: int) -> None:
+    def graph_batch_limit(self, width: int) -> int:
+        """At width 1, no limit; above, the most sequences whose graph's split-KV buffers fit
+        the float workspace. In CUDA-graph mode FlashInfer's prefill plan always splits the KV
+        and sizes its buffers for the worst case: query tiles of up to ``MAX_CTA_TILE_Q`` rows,
+        ``ceil(rows * group / tile) + bs - 1`` of them (at least ``2 * SMs / kv_heads``), each
+        holding a float partial output and log-sum-exp per head; past that the plan overruns
+        the workspace (a crash, not an error)."""
+        if width == 1:
+            return 1 << 30
+        heads, dim, kv_heads = self.num_q_heads, self.pool.head_dim, self.pool.num_kv_heads
+        group = heads // kv_heads
+        sms = torch.cuda.get_device_properties(self.device).multi_processor_count
+        bs = 0
+        while True:
+            n = bs + 1
+            tiles = -(-n * width * group // MAX_CTA_TILE_Q) + n - 1
+            tiles = max(tiles, 2 * sms // kv_heads)
+            need = heads * tiles * MAX_CTA_TILE_Q * (dim + 1) * 4
+            if need > WORKSPACE_BYTES * 0.9:
+                return bs
+            bs = n
+
+    def init_graphs(self, batch_sizes: list[int], max_pages: int, width: int) -> None:
         max_bs = max(batch_sizes)
         indptr = torch.zeros(max_bs + 1, dtype=torch.int32, device=self.device)
         indices = torch.zeros(max_pages, dtype=torch.int32, device=self.device)
         last_page_len = torch.ones(max_bs, dtype=torch.int32, device=self.device)
+        qo_indptr = torch.zeros(max_bs + 1, dtype=torch.int32, device=self.device)
         for bs in batch_sizes:
-            wrapper = self.fi.CUDAGraphBatchDecodeWithPagedKVCacheWrapper(
-                self.workspace,
-                indptr[: bs + 1],
-                indices,
-                last_page_len[:bs],
-                "NHD",
-                use_tensor_cores=True,
-            )
+            if width == 1:
+                wrapper = self.fi.CUDAGraphBatchDecodeWithPagedKVCacheWrapper(
+                    self.workspace,
+                    indptr[: bs + 1],
+                    indices,
+                    last_page_len[:bs],
+                    "NHD",
+                    use_tensor_cores=True,
+                )
+            else:  # a verify step: ``width`` rows a sequence, causal over its context
+                wrapper = self.fi.BatchPrefillWithPagedKVCacheWrapper(
+                    self.workspace,
+                    "NHD",
+                    use_cuda_graph=True,
+                    qo_indptr_buf=qo_indptr[: bs + 1],
+                    paged_kv_indptr_buf=indptr[: bs + 1],
+                    paged_kv_indices_buf=indices,
+                    paged_kv_last_page_len_buf=last_page_len[:bs],
+                    backend="fa2",
+                )
             self._share_int_workspace(wrapper)
-            self.graph_wrappers[bs] = wrapper
+            self.graph_wrappers[(width, bs)] = wrapper
 
-    def prepare_graph(self, bs: int, meta: AttentionMetadata, out_slots: torch.Tensor) -> None:
-        self._plan(self.graph_wrappers[bs], meta, out_slots)
+    def prepare_graph(
+        self, bs: int, meta: AttentionMetadata, out_slots: torch.Tensor, width: int
+    ) -> None:
+        wrapper = self.graph_wrappers[(width, bs)]
+        if width == 1:
+            self._plan(wrapper, meta, out_slots)
+        else:
+            self._plan(wrapper, meta, out_slots, meta.qo_indptr, causal=True)
 
     def forward(
         self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor

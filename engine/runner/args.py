@@ -26,7 +26,7 @@ class RunnerArgs:
 
     ``scheduler`` is the configuration of the core this runner serves: the runner
     builds the KV pool it describes (``num_pages`` pages of ``page_size``
-    tokens, a request table and decode graphs for ``max_running`` requests, the
+    tokens, a request table and CUDA graphs for ``max_running`` requests, the
     host KV tier under the prefix cache) and sizes what it leaves out, once
     (``ModelRunner.sized_scheduler``). ``num_pages`` None sizes the pool from
     ``mem_fraction`` of GPU memory (after weights) or, on CPU, from
@@ -39,8 +39,9 @@ class RunnerArgs:
     ``vocab_limit`` restricts sampling to the first ids (those a borrowed tokenizer
     can decode); the LM head still computes the whole vocabulary.
     ``attention_backend`` ``auto`` is FlashInfer on CUDA (torch when FlashInfer is
-    not installed) and torch on CPU. ``cuda_graph`` captures decode steps as CUDA
-    graphs at start-up (ignored on CPU), for batches up to ``max_running`` (at most 256).
+    not installed) and torch on CPU. ``cuda_graph`` captures decode steps (and, with
+    ``num_draft_tokens`` K > 0, verify steps of 1 + K rows a slot) as CUDA graphs at start-up
+    (ignored on CPU), for batches up to ``max_running`` (at most 256).
     """
 
     model: str = field(metadata={"derived": "the HF folder or preset --model resolves to"})
@@ -56,7 +57,7 @@ class RunnerArgs:
         choices=("auto", "torch", "flashinfer"),
     )
     cuda_graph: bool = setting(
-        True, "capture decode steps as CUDA graphs (CUDA); --no-cuda-graph decodes eagerly"
+        True, "capture decode and verify steps as CUDA graphs (CUDA); --no-cuda-graph: eager"
     )
     dummy_weights: bool = setting(False, "random weights, real shapes")
     seed: int = setting(0, "seed of the dummy weights and of sampling")

@@ -1,24 +1,32 @@
-"""Decode steps replayed from CUDA graphs, one graph per padded batch size.
+"""Steps replayed from CUDA graphs: one graph per padded batch size, for one row width.
 
-At start-up the model's forward pass (embedding, every layer, final norm) is
-captured for each batch size in ``batch_sizes()`` (largest first, all graphs
-sharing one memory pool), over fixed input buffers: token ids, positions and KV
-write slots. A decode step of ``n`` requests replays the graph of the smallest
-captured size ``bs >= n``: the inputs are copied into the buffers, rows
-``n..bs-1`` are padding (token 0 at position 0, writing and reading only the
-pool's scratch page), the attention backend plans its buffers for the padded
-batch, and the hidden states of the first ``n`` rows are read back. Logits and
-sampling run eagerly after the replay, on the rows that sample.
+A ``StepGraphs`` captures steps whose every sequence has ``width`` query rows:
+width 1 is the decode step, width ``1 + K`` the verify step of speculative
+decoding (each slot feeds its token and a draft of ``K``; the runner captures
+both, sharing one memory pool). At start-up the model's forward pass
+(embedding, every layer, final norm) is captured for each batch size in
+``batch_sizes()`` (largest first), over fixed input buffers: token ids,
+positions and KV write slots. A step of ``n`` sequences replays the graph of
+the smallest captured size ``bs >= n``: the inputs are copied into the buffers,
+sequences ``n..bs-1`` are padding (``width`` tokens at position 0, writing and
+reading only the pool's scratch page), the attention backend plans its buffers
+for the padded batch (decode attention at width 1, causal extends above), and
+the hidden states of the first ``n * width`` rows are read back. Logits and
+sampling run eagerly after the replay, on the rows that sample. Any other step
+(a prefill chunk, drafts of mixed lengths, verify spans beside plain decode
+slots) runs eagerly.
 """
 
 from __future__ import annotations
 
 import logging
 import time
+from typing import Any
 
 import numpy as np
 import torch
 
+from core.scheduler.pages import pages_for
 from engine.attention.backend import AttentionBackend
 from engine.attention.metadata import AttentionMetadata, host_tensor
 from engine.kvcache.pool import KVPool
@@ -38,7 +46,7 @@ def batch_sizes(max_bs: int) -> list[int]:
     return sorted({*sizes, max_bs})
 
 
-class DecodeGraphs:
+class StepGraphs:
     def __init__(
         self,
         model: LlamaForCausalLM,
@@ -46,36 +54,43 @@ class DecodeGraphs:
         pool: KVPool,
         max_bs: int,
         max_pages_per_seq: int,
+        width: int = 1,
     ) -> None:
         self.model = model
         self.attention = attention
         self.pool = pool
         self.sizes = batch_sizes(max_bs)
         self.max_bs = max_bs
+        self.width = width
         device = pool.device
-        self.input_ids = torch.zeros(max_bs, dtype=torch.int64, device=device)
-        self.positions = torch.zeros(max_bs, dtype=torch.int64, device=device)
-        self.out_slots = torch.zeros(max_bs, dtype=torch.int64, device=device)
+        rows = max_bs * width
+        self.input_ids = torch.zeros(rows, dtype=torch.int64, device=device)
+        self.positions = torch.zeros(rows, dtype=torch.int64, device=device)
+        self.out_slots = torch.zeros(rows, dtype=torch.int64, device=device)
         self.scratch_slot = pool.scratch_page * pool.page_size
-        self.scratch_pages = torch.full(
-            (max_bs,), pool.scratch_page, dtype=torch.int32, device=device
+        self.scratch_pages = torch.full(  # as many as ``max_bs`` padding sequences span
+            (max_bs * pages_for(width, pool.page_size),),
+            pool.scratch_page,
+            dtype=torch.int32,
+            device=device,
         )
-        attention.init_graphs(self.sizes, max_bs * max_pages_per_seq)
+        attention.init_graphs(self.sizes, max_bs * max_pages_per_seq, width)
         self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
         self.outputs: dict[int, torch.Tensor] = {}
         self.replays = 0
         self.capture_s: dict[int, tuple[float, float]] = {}
+        self.mem_pool: Any = None
 
     @torch.inference_mode()
-    def capture(self) -> float:
-        """Capture every batch size; returns the seconds it took (per size in ``capture_s``)."""
+    def capture(self, mem_pool: Any = None) -> float:
+        """Capture every batch size into ``mem_pool`` (another set's ``mem_pool``, or a new
+        one); returns the seconds it took (per size in ``capture_s``)."""
         start = time.perf_counter()
         self.out_slots.fill_(self.scratch_slot)
-        mem_pool = None
         for bs in reversed(self.sizes):
             t0 = time.perf_counter()
-            meta = self._padding_meta(bs)
-            self.attention.prepare_graph(bs, meta, self.out_slots[:bs])
+            meta = self._padded(None, bs)
+            self.attention.prepare_graph(bs, meta, self.out_slots[: bs * self.width], self.width)
             self._forward(bs)  # warm-up: kernels load, workspaces are allocated
             torch.cuda.synchronize()
             t1 = time.perf_counter()
@@ -86,6 +101,7 @@ class DecodeGraphs:
             self.graphs[bs] = graph
             self.capture_s[bs] = (t1 - t0, time.perf_counter() - t1)
         torch.cuda.synchronize()
+        self.mem_pool = mem_pool
         log.debug("capture seconds (warm-up, capture) by batch size: %s", self.capture_s)
         return time.perf_counter() - start
 
@@ -98,66 +114,104 @@ class DecodeGraphs:
         self.outputs.clear()
 
     def _forward(self, bs: int) -> torch.Tensor:
-        hidden: torch.Tensor = self.model(self.input_ids[:bs], self.positions[:bs], self.attention)
+        rows = bs * self.width
+        hidden: torch.Tensor = self.model(
+            self.input_ids[:rows], self.positions[:rows], self.attention
+        )
         return hidden
 
-    def bucket(self, n: int) -> int | None:
-        """The captured batch size that ``n`` decode rows replay in, or None (run eagerly)."""
-        if n > self.max_bs:
-            return None
-        for bs in self.sizes:
-            if bs >= n:
-                return bs
-        return None
+    def bucket(self, qo_indptr: np.ndarray, num_prefill: int) -> int | None:
+        """The captured batch size a step of these sequences replays in, or None (eager)."""
+        return bucket(self.sizes, self.width, qo_indptr, num_prefill)
 
     def replay(
         self, bs: int, input_ids: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata
     ) -> torch.Tensor:
-        """Hidden states ``[n, hidden]`` of a decode step of ``n <= bs`` rows."""
-        n = int(input_ids.shape[0])
-        self.input_ids[:n].copy_(input_ids)
-        self.positions[:n].copy_(positions)
-        self.out_slots[:n].copy_(meta.out_slots)
-        if n < bs:
-            self.input_ids[n:bs].zero_()
-            self.positions[n:bs].zero_()
-            self.out_slots[n:bs].fill_(self.scratch_slot)
-            meta = self._pad(meta, bs)
-        self.attention.prepare_graph(bs, meta, self.out_slots[:bs])
+        """Hidden states ``[rows, hidden]`` of a step of ``n <= bs`` sequences."""
+        rows = int(input_ids.shape[0])
+        padded = bs * self.width
+        self.input_ids[:rows].copy_(input_ids)
+        self.positions[:rows].copy_(positions)
+        self.out_slots[:rows].copy_(meta.out_slots)
+        if rows < padded:
+            self.input_ids[rows:padded].zero_()
+            self.positions[rows:padded].zero_()
+            self.out_slots[rows:padded].fill_(self.scratch_slot)
+            meta = self._padded(meta, bs)
+        self.attention.prepare_graph(bs, meta, self.out_slots[:padded], self.width)
         self.graphs[bs].replay()
         self.replays += 1
-        return self.outputs[bs][:n]
+        return self.outputs[bs][:rows]
 
-    def _padding_meta(self, bs: int) -> AttentionMetadata:
-        """``bs`` sequences of one token each, all on the scratch page."""
-        ones = np.ones(bs, dtype=np.int32)
-        pinned = self.pool.device.type == "cuda"
-        return AttentionMetadata(
-            num_prefill=0,
-            qo_indptr=host_tensor(np.arange(bs + 1, dtype=np.int32), pinned),
-            kv_indptr=host_tensor(np.arange(bs + 1, dtype=np.int32), pinned),
-            kv_lens=host_tensor(ones, pinned),
-            last_page_len=host_tensor(ones, pinned),
-            kv_indices=self.scratch_pages[:bs],
-            out_slots=self.out_slots[:bs],
-            page_size=self.pool.page_size,
-        )
+    def _padded(self, meta: AttentionMetadata | None, bs: int) -> AttentionMetadata:
+        return padded(meta, bs, self.width, self.pool.page_size, self.scratch_pages, self.out_slots)
 
-    def _pad(self, meta: AttentionMetadata, bs: int) -> AttentionMetadata:
-        """``meta`` with ``bs - n`` one-token sequences on the scratch page appended."""
-        n = meta.num_seqs
-        pad = bs - n
-        kv_indptr = meta.kv_indptr.numpy()
-        pinned = self.pool.device.type == "cuda"
-        ones = np.ones(pad, dtype=np.int32)
-        tail = kv_indptr[-1] + np.arange(1, pad + 1, dtype=np.int32)
-        return AttentionMetadata(
-            num_prefill=0,
-            qo_indptr=host_tensor(np.arange(bs + 1, dtype=np.int32), pinned),
-            kv_indptr=host_tensor(np.concatenate((kv_indptr, tail)), pinned),
-            kv_lens=host_tensor(np.concatenate((meta.kv_lens.numpy(), ones)), pinned),
-            last_page_len=host_tensor(np.concatenate((meta.last_page_len.numpy(), ones)), pinned),
-            kv_indices=torch.cat((meta.kv_indices, self.scratch_pages[:pad])),
-            out_slots=self.out_slots[:bs],
-            page_size=meta.page_size,
-        )
+
+def bucket(sizes: list[int], width: int, qo_indptr: np.ndarray, num_prefill: int) -> int | None:
+    """The smallest of ``sizes`` that a step of these sequences (query rows ``qo_indptr``, the
+    first ``num_prefill`` attended as extends) fits at ``width`` rows a sequence, or None (it
+    runs eagerly): every sequence must have ``width`` rows, decodes at width 1, extends above."""
+    n = len(qo_indptr) - 1
+    if num_prefill != (0 if width == 1 else n):
+        return None
+    if not bool((np.diff(qo_indptr) == width).all()):
+        return None
+    return next((bs for bs in sizes if bs >= n), None)
+
+
+def padded(
+    meta: AttentionMetadata | None,
+    bs: int,
+    width: int,
+    page_size: int,
+    scratch_pages: torch.Tensor,
+    out_slots: torch.Tensor,
+) -> AttentionMetadata:
+    """``meta`` (None: no sequence) with sequences of ``width`` rows appended up to ``bs``, each
+    attending to ``width`` positions on the pool's scratch page (``scratch_pages`` holds its
+    id, as many times as needed); ``out_slots`` are the padded step's ``bs * width`` write
+    slots. Host arrays are pinned when ``scratch_pages`` is on CUDA."""
+    per_seq = pages_for(width, page_size)
+    n = 0 if meta is None else meta.num_seqs
+    pad = bs - n
+    pinned = scratch_pages.device.type == "cuda"
+    kv_indptr = np.zeros(1, np.int32) if meta is None else meta.kv_indptr.numpy()
+    kv_lens = np.empty(0, np.int32) if meta is None else meta.kv_lens.numpy()
+    last = np.empty(0, np.int32) if meta is None else meta.last_page_len.numpy()
+    tail = kv_indptr[-1] + per_seq * np.arange(1, pad + 1, dtype=np.int32)
+    scratch = scratch_pages[: pad * per_seq]
+    return AttentionMetadata(
+        num_prefill=0 if width == 1 else bs,
+        qo_indptr=host_tensor(width * np.arange(bs + 1, dtype=np.int32), pinned),
+        kv_indptr=host_tensor(np.concatenate((kv_indptr, tail)), pinned),
+        kv_lens=host_tensor(np.concatenate((kv_lens, np.full(pad, width, np.int32))), pinned),
+        last_page_len=host_tensor(
+            np.concatenate((last, np.full(pad, (width - 1) % page_size + 1, np.int32))), pinned
+        ),
+        kv_indices=scratch if meta is None else torch.cat((meta.kv_indices, scratch)),
+        out_slots=out_slots[: bs * width],
+        page_size=page_size,
+    )
+
+
+def capture(graphs: StepGraphs, rank: int, mem_pool: Any = None) -> StepGraphs | None:
+    """``graphs`` captured (into ``mem_pool``, see ``StepGraphs.capture``), or None (its steps
+    run eagerly) if capturing fails."""
+    kind = "decode" if graphs.width == 1 else f"verify (width {graphs.width})"
+    try:
+        seconds = graphs.capture(mem_pool)
+    except RuntimeError as exc:
+        log.warning("rank %d: CUDA graph capture failed, %s steps run eagerly: %s", rank, kind, exc)
+        torch.cuda.synchronize()
+        return None
+    phases = graphs.capture_s.values()
+    log.info(
+        "rank %d: captured %d %s graphs in %.1fs (warm-up %.1fs, capture %.1fs)",
+        rank,
+        len(graphs.sizes),
+        kind,
+        seconds,
+        sum(w for w, _ in phases),
+        sum(c for _, c in phases),
+    )
+    return graphs

@@ -2,7 +2,7 @@
 
 The runner owns the model shard, the paged KV pool, the attention backend, the
 request table (page tables on the device, see ``engine.runner.table``) and, on
-CUDA, the decode graphs of its rank. Page ids in the plan index the pool
+CUDA, the CUDA graphs of its rank (``engine.runner.graphs``). Page ids in the plan index the pool
 directly; the pool has ``num_pages`` pages on every rank (the scheduler is
 configured with the same number).
 
@@ -12,14 +12,15 @@ A step, as ``launch`` runs it::
     device: the plan's host KV tier copies (a side stream the step waits for)
             -> input ids (decode inputs may come from the previous step's samples)
             -> KV indices and write slots gathered from the table
-            -> forward (a CUDA graph for decode, eager otherwise)
+            -> forward (a CUDA graph for decode and verify steps, eager otherwise)
             -> logits of the sampled rows -> sampling -> tokens copied to pinned memory
     host:   (``StepHandle.result()``) the verified tokens of the slots with a draft
 
 A decode slot with a draft (speculative decoding) is laid out as an extend of
 its token and its draft, every row sampled like a decode row at its output
 index (``engine.runner.layout``); ``engine.sampling.verify`` keeps the draft's
-accepted prefix and the model's next token. Such a step runs eagerly.
+accepted prefix and the model's next token. A step of verify spans alone, every
+draft ``K`` long, replays a graph of ``1 + K`` rows a slot; any other runs eagerly.
 
 Nothing in ``launch`` waits for the device, so the caller can prepare the next
 step while this one runs; ``StepHandle.result()`` waits. With ``time_steps`` set
@@ -56,7 +57,7 @@ from engine.models.ops import get_ops
 from engine.models.setup import ModelNotFoundError, resolve_model
 from engine.runner.args import RunnerArgs
 from engine.runner.device_step import DeviceStep
-from engine.runner.graphs import DecodeGraphs
+from engine.runner.graphs import StepGraphs, capture
 from engine.runner.host_memory import keep_large_blocks
 from engine.runner.inputs import FROM_LAST_SAMPLE, StepInputs, StepOutput
 from engine.runner.layout import StepLayout
@@ -180,9 +181,12 @@ class ModelRunner:
         self._last_tokens: torch.Tensor | None = None
         self.step_events: list[tuple[torch.cuda.Event, torch.cuda.Event]] | None = None
         self.time_steps = False
-        self.graphs: DecodeGraphs | None = None
+        self.graphs: StepGraphs | None = None  # decode steps
+        self.verify_graphs: StepGraphs | None = None  # verify steps of 1 + K rows a slot
         if self.device.type == "cuda" and args.cuda_graph and backend.supports_graphs:
-            self.graphs = self._capture_graphs(min(core.max_running, 256))
+            self.graphs = self._capture_graphs(1)
+            if core.num_draft_tokens and self.graphs is not None:
+                self.verify_graphs = self._capture_graphs(1 + core.num_draft_tokens)
         log.info(
             "rank %d: %s on %s (%s, %s attention), %d KV pages of %d tokens",
             tp_rank,
@@ -199,36 +203,28 @@ class ModelRunner:
         return replace(self.args.scheduler, num_pages=self.num_pages, host_kv_pages=self.host_pages)
 
     def close(self) -> None:
-        """Free the decode graphs; a rank calls it before it leaves its NCCL group.
+        """Free the CUDA graphs; a rank calls it before it leaves its NCCL group.
 
         Graphs that captured NCCL all-reduces keep the communicator busy, and
         ``destroy_process_group`` then waits for them forever.
         """
-        if self.graphs is not None:
-            self.graphs.release()
-            self.graphs = None
+        for graphs in (self.graphs, self.verify_graphs):
+            if graphs is not None:
+                graphs.release()
+        self.graphs = self.verify_graphs = None
 
-    def _capture_graphs(self, max_bs: int) -> DecodeGraphs | None:
-        """Decode graphs up to ``max_bs``; None (decode runs eagerly) if capturing fails."""
-        graphs = DecodeGraphs(self.model, self.attention, self.kv, max_bs, self.max_pages_per_seq)
-        try:
-            seconds = graphs.capture()
-        except RuntimeError as exc:
-            log.warning(
-                "rank %d: CUDA graph capture failed, decoding eagerly: %s", self.tp.rank, exc
-            )
-            torch.cuda.synchronize()
+    def _capture_graphs(self, width: int) -> StepGraphs | None:
+        """Graphs of ``width`` rows a sequence for up to ``max_running`` (at most 256, and
+        what the backend allows) sequences, in the decode graphs' memory pool; None (eager)
+        if capturing fails."""
+        limit = self.attention.graph_batch_limit(width)
+        max_bs = min(self.args.scheduler.max_running, 256, limit)
+        if max_bs < 1:
             return None
-        phases = graphs.capture_s.values()
-        log.info(
-            "rank %d: captured %d decode graphs in %.1fs (warm-up %.1fs, capture %.1fs)",
-            self.tp.rank,
-            len(graphs.sizes),
-            seconds,
-            sum(w for w, _ in phases),
-            sum(c for _, c in phases),
+        graphs = StepGraphs(
+            self.model, self.attention, self.kv, max_bs, self.max_pages_per_seq, width
         )
-        return graphs
+        return capture(graphs, self.tp.rank, self.graphs.mem_pool if self.graphs else None)
 
     def _default_num_pages(self, kv_heads: int) -> int:
         c = self.config
@@ -371,9 +367,10 @@ class ModelRunner:
         positions: torch.Tensor,
         meta: AttentionMetadata,
     ) -> torch.Tensor:
-        bs = self.graphs.bucket(layout.num_seqs) if self.graphs and layout.is_decode else None
-        if self.graphs is not None and bs is not None and self.attention.graph_fits(meta, bs):
-            return self.graphs.replay(bs, ids, positions, meta)
+        for graphs in (self.graphs, self.verify_graphs):
+            bs = graphs.bucket(layout.qo_indptr, layout.num_prefill) if graphs else None
+            if graphs is not None and bs is not None and self.attention.graph_fits(meta, bs):
+                return graphs.replay(bs, ids, positions, meta)
         self.attention.prepare(meta)
         hidden: torch.Tensor = self.model(ids, positions, self.attention)
         return hidden

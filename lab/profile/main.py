@@ -16,6 +16,7 @@ import shlex
 import sys
 import tempfile
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import torch
@@ -68,7 +69,8 @@ GRID_FLAGS = (
     (
         "verify-drafts",
         "draft tokens of every decode slot of verify steps (speculative decoding), each crossed "
-        "with the decode batches and contexts (default: none)",
+        "with the decode batches and contexts; without --num-draft-tokens, the longest is the "
+        "runner's K, whose verify steps replay CUDA graphs as serving's do (default: none)",
     ),
 )
 
@@ -156,6 +158,10 @@ def measure_steps(
     from engine.scheduler_proc.loop import runner_args
 
     rargs = runner_args(cfg)
+    if spec.verify_drafts and not rargs.scheduler.num_draft_tokens:
+        # verify steps of the longest draft replay CUDA graphs, as serving with that K runs them
+        k = max(spec.verify_drafts)
+        rargs = replace(rargs, scheduler=replace(rargs.scheduler, num_draft_tokens=k))
     with serving_runner(rargs) as leader:
         runner = leader.runner
         vocab = cfg.vocab_limit or cfg.vocab_size

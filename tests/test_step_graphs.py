@@ -1,0 +1,138 @@
+"""What a CUDA graph replay relies on, checked on CPU: which steps replay a graph
+(``graphs.bucket``), and that padding a step to the captured batch size (``graphs.padded``)
+changes nothing for its real rows. The padded step runs through the torch backend's
+attention: its real rows must come out as they do unpadded, and the padding may write only
+the pool's scratch page. The replays themselves run on CUDA
+(``tests/test_speculative_engine.py``, ``tests/test_gpu_engine.py``)."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from core.scheduler.pages import pages_for
+from engine.attention import get_backend
+from engine.attention.metadata import AttentionMetadata
+from engine.kvcache import KVPool
+from engine.runner.graphs import batch_sizes, bucket, padded
+
+torch.set_num_threads(1)
+NUM_PAGES, Q_HEADS, KV_HEADS, DIM = 48, 4, 2, 8
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    lengths=st.lists(st.integers(1, 6), min_size=1, max_size=70),
+    width=st.integers(1, 6),
+    extends=st.booleans(),
+    max_bs=st.integers(1, 80),
+)
+def test_bucket_takes_uniform_steps_of_its_width(
+    lengths: list[int], width: int, extends: bool, max_bs: int
+) -> None:
+    sizes = batch_sizes(max_bs)
+    qo_indptr = np.concatenate(([0], np.cumsum(lengths))).astype(np.int32)
+    n = len(lengths)
+    num_prefill = n if extends else 0
+    got = bucket(sizes, width, qo_indptr, num_prefill)
+    shape_ok = all(length == width for length in lengths) and extends == (width > 1)
+    if not shape_ok or n > max_bs:
+        assert got is None
+    else:
+        assert got == min(bs for bs in sizes if bs >= n)
+    # a step with a prefill chunk among plain decodes never replays a decode graph
+    if n > 1 and width == 1:
+        assert bucket(sizes, 1, qo_indptr, 1) is None
+
+
+def _meta(
+    contexts: list[int], width: int, page_size: int, gen: torch.Generator
+) -> tuple[AttentionMetadata, torch.Tensor]:
+    """Sequences of ``contexts`` positions, the last ``width`` of each new at this step, on
+    pages drawn at random; and the write slots of their rows."""
+    counts = [pages_for(c, page_size) for c in contexts]
+    order = torch.randperm(NUM_PAGES, generator=gen)[: sum(counts)].to(torch.int32)
+    kv_indptr = np.concatenate(([0], np.cumsum(counts))).astype(np.int32)
+    slots = []
+    for i, context in enumerate(contexts):
+        pages = order[kv_indptr[i] : kv_indptr[i + 1]]
+        for pos in range(context - width, context):
+            slots.append(int(pages[pos // page_size]) * page_size + pos % page_size)
+    lens = np.array(contexts, dtype=np.int32)
+    meta = AttentionMetadata(
+        num_prefill=0 if width == 1 else len(contexts),
+        qo_indptr=torch.from_numpy(width * np.arange(len(contexts) + 1, dtype=np.int32)),
+        kv_indptr=torch.from_numpy(kv_indptr),
+        kv_lens=torch.from_numpy(lens),
+        last_page_len=torch.from_numpy((lens - 1) % page_size + 1),
+        kv_indices=order,
+        out_slots=torch.tensor(slots, dtype=torch.int64),
+        page_size=page_size,
+    )
+    return meta, meta.out_slots
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    extra=st.lists(st.integers(0, 9), min_size=1, max_size=5),
+    width=st.integers(1, 6),
+    page_size=st.sampled_from([1, 4, 16]),
+    pad=st.integers(0, 4),
+    seed=st.integers(0, 2**16),
+)
+def test_padding_leaves_the_real_rows_alone(
+    extra: list[int], width: int, page_size: int, pad: int, seed: int
+) -> None:
+    gen = torch.Generator().manual_seed(seed)
+    contexts = [width + e for e in extra]
+    if sum(pages_for(c, page_size) for c in contexts) > NUM_PAGES:
+        contexts = contexts[:1]
+    pool = KVPool(1, NUM_PAGES, page_size, KV_HEADS, DIM, torch.float32, torch.device("cpu"))
+    for cache in (pool.k[0], pool.v[0]):
+        cache.copy_(torch.randn(cache.shape, generator=gen))
+    start = (pool.k[0].clone(), pool.v[0].clone())
+    backend = get_backend("torch", "cpu", torch.float32, DIM)(pool, Q_HEADS, 1 / math.sqrt(DIM))
+    meta, _ = _meta(contexts, width, page_size, gen)
+    n, bs = len(contexts), len(contexts) + pad
+    q = torch.randn(bs * width, Q_HEADS, DIM, generator=gen)
+    k = torch.randn(bs * width, KV_HEADS, DIM, generator=gen)
+    v = torch.randn(bs * width, KV_HEADS, DIM, generator=gen)
+    rows = n * width
+
+    backend.prepare(meta)
+    want = backend.forward(0, q[:rows], k[:rows], v[:rows])
+    after = (pool.k[0].clone(), pool.v[0].clone())
+
+    pool.k[0].copy_(start[0])
+    pool.v[0].copy_(start[1])
+    scratch_slot = pool.scratch_page * page_size
+    out_slots = torch.full((bs * width,), scratch_slot, dtype=torch.int64)
+    out_slots[:rows] = meta.out_slots
+    scratch = torch.full((bs * pages_for(width, page_size),), pool.scratch_page, dtype=torch.int32)
+    big = padded(meta, bs, width, page_size, scratch, out_slots)
+    assert big.num_seqs == bs and big.num_prefill == (0 if width == 1 else bs)
+    assert int(big.kv_indptr[-1]) == big.kv_indices.numel()
+    backend.prepare(big)
+    got = backend.forward(0, q, k, v)
+
+    torch.testing.assert_close(got[:rows], want)
+    assert bool(torch.isfinite(got).all())
+    for cache, wanted in zip((pool.k[0], pool.v[0]), after, strict=True):
+        torch.testing.assert_close(cache[:NUM_PAGES], wanted[:NUM_PAGES], rtol=0, atol=0)
+
+
+def test_padding_from_nothing_is_the_capture_step() -> None:
+    """The step a graph is captured on: ``bs`` sequences of ``width`` rows, all scratch."""
+    scratch = torch.full((8 * 2,), 9, dtype=torch.int32)
+    out_slots = torch.full((8 * 5,), 9 * 4, dtype=torch.int64)
+    meta = padded(None, 8, 5, 4, scratch, out_slots)
+    assert meta.qo_indptr.tolist() == list(range(0, 41, 5))
+    assert meta.kv_indptr.tolist() == list(range(0, 17, 2))
+    assert meta.kv_lens.tolist() == [5] * 8
+    assert meta.last_page_len.tolist() == [1] * 8
+    assert meta.kv_indices.tolist() == [9] * 16
+    assert meta.num_prefill == 8
