@@ -294,7 +294,8 @@ def _verify_plans(prompt: list[int]) -> list[tuple[Plan, StepInputs]]:
 def test_cuda_flashinfer_verify_logits_match_torch_backend(graphs: bool) -> None:
     """FlashInfer lays a verify span out as a prefill chunk (causal over its context): its
     logits match the torch backend's (bfloat16 tolerance), graphs captured or not; with
-    graphs, the last step (three spans of 1 + 3 rows) replays the verify graph of 4 slots."""
+    graphs, the last two steps replay the verify graph of 1 + 3 rows a slot (4 slots): spans
+    of 2 and 4 rows and a plain decode row widened to it, then three spans of 4 rows."""
     runner = _gpu_runner("flashinfer", num_draft_tokens=3)
     if not graphs:
         runner.close()
@@ -310,14 +311,14 @@ def test_cuda_flashinfer_verify_logits_match_torch_backend(graphs: bool) -> None
         clear = (top2[:, 0] - top2[:, 1]) > TIE
         assert bool(((got.argmax(-1) == want.argmax(-1)) | ~clear).all()), plan.step
     if graphs:
-        assert runner.verify_graphs is not None and runner.verify_graphs.replays == 1
+        assert runner.verify_graphs is not None and runner.verify_graphs.replays == 2
 
 
 @gpu_only
 def test_cuda_greedy_speculative_output_equals_plain() -> None:
     """FlashInfer with decode and verify graphs and overlap, as served on CUDA: the same
     greedy tokens with n-gram drafts as without, or a first difference where the two best
-    logits tie; the steps whose every slot drafts 4 tokens replay verify graphs."""
+    logits tie; the steps that verify drafts replay verify graphs."""
     from test_gpu_engine import _divergence_is_a_tie
 
     runner = _gpu_runner("flashinfer", num_draft_tokens=4)

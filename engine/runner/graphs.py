@@ -12,9 +12,11 @@ sequences ``n..bs-1`` are padding (``width`` tokens at position 0, writing and
 reading only the pool's scratch page), the attention backend plans its buffers
 for the padded batch (decode attention at width 1, causal extends above), and
 the hidden states of the first ``n * width`` rows are read back. Logits and
-sampling run eagerly after the replay, on the rows that sample. Any other step
-(a prefill chunk, drafts of mixed lengths, verify spans beside plain decode
-slots) runs eagerly.
+sampling run eagerly after the replay, on the rows that sample. A step of
+shorter extends (drafts cut short near their output limit, plain decode slots
+beside verify spans, a short prefill chunk) replays the verify graph once
+widened to its shape (``engine.runner.widen``); a step with a longer prefill
+chunk runs eagerly.
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ from engine.attention.backend import AttentionBackend
 from engine.attention.metadata import AttentionMetadata, host_tensor
 from engine.kvcache.pool import KVPool
 from engine.models.llama import LlamaForCausalLM
+from engine.runner.widen import widen
 
 log = logging.getLogger(__name__)
 
@@ -60,7 +63,6 @@ class StepGraphs:
         self.attention = attention
         self.pool = pool
         self.sizes = batch_sizes(max_bs)
-        self.max_bs = max_bs
         self.width = width
         device = pool.device
         rows = max_bs * width
@@ -120,9 +122,9 @@ class StepGraphs:
         )
         return hidden
 
-    def bucket(self, qo_indptr: np.ndarray, num_prefill: int) -> int | None:
-        """The captured batch size a step of these sequences replays in, or None (eager)."""
-        return bucket(self.sizes, self.width, qo_indptr, num_prefill)
+    def bucket(self, n: int) -> int | None:
+        """The captured batch size that ``n`` sequences replay in, or None (run eagerly)."""
+        return next((bs for bs in self.sizes if bs >= n), None)
 
     def replay(
         self, bs: int, input_ids: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata
@@ -143,20 +145,22 @@ class StepGraphs:
         self.replays += 1
         return self.outputs[bs][:rows]
 
+    def replay_widened(
+        self, input_ids: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata
+    ) -> torch.Tensor | None:
+        """Hidden states ``[rows, hidden]`` of a step of extends of at most ``width`` rows
+        each, laid out at ``width`` rows a sequence (``engine.runner.widen``); None (run it
+        eagerly) for a decode width, a longer sequence or more sequences than captured."""
+        bs = self.bucket(meta.num_seqs)
+        longest = int(np.diff(meta.qo_indptr.numpy()).max())
+        if self.width == 1 or bs is None or longest > self.width:
+            return None
+        step = widen(input_ids, positions, meta, self.width, self.pool.scratch_page)
+        hidden = self.replay(bs, step.input_ids, step.positions, step.meta)
+        return hidden.index_select(0, step.rows)
+
     def _padded(self, meta: AttentionMetadata | None, bs: int) -> AttentionMetadata:
         return padded(meta, bs, self.width, self.pool.page_size, self.scratch_pages, self.out_slots)
-
-
-def bucket(sizes: list[int], width: int, qo_indptr: np.ndarray, num_prefill: int) -> int | None:
-    """The smallest of ``sizes`` that a step of these sequences (query rows ``qo_indptr``, the
-    first ``num_prefill`` attended as extends) fits at ``width`` rows a sequence, or None (it
-    runs eagerly): every sequence must have ``width`` rows, decodes at width 1, extends above."""
-    n = len(qo_indptr) - 1
-    if num_prefill != (0 if width == 1 else n):
-        return None
-    if not bool((np.diff(qo_indptr) == width).all()):
-        return None
-    return next((bs for bs in sizes if bs >= n), None)
 
 
 def padded(
@@ -194,9 +198,23 @@ def padded(
     )
 
 
-def capture(graphs: StepGraphs, rank: int, mem_pool: Any = None) -> StepGraphs | None:
-    """``graphs`` captured (into ``mem_pool``, see ``StepGraphs.capture``), or None (its steps
-    run eagerly) if capturing fails."""
+def capture(
+    model: LlamaForCausalLM,
+    attention: AttentionBackend,
+    pool: KVPool,
+    max_running: int,
+    max_pages_per_seq: int,
+    width: int,
+    rank: int,
+    mem_pool: Any = None,
+) -> StepGraphs | None:
+    """Graphs of ``width`` rows a sequence for up to ``max_running`` sequences (at most 256,
+    and what the backend allows), captured into ``mem_pool`` (another set's, or a new one);
+    None (their steps run eagerly) if capturing fails."""
+    max_bs = min(max_running, 256, attention.graph_batch_limit(width))
+    if max_bs < 1:
+        return None
+    graphs = StepGraphs(model, attention, pool, max_bs, max_pages_per_seq, width)
     kind = "decode" if graphs.width == 1 else f"verify (width {graphs.width})"
     try:
         seconds = graphs.capture(mem_pool)

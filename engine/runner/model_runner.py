@@ -19,8 +19,9 @@ A step, as ``launch`` runs it::
 A decode slot with a draft (speculative decoding) is laid out as an extend of
 its token and its draft, every row sampled like a decode row at its output
 index (``engine.runner.layout``); ``engine.sampling.verify`` keeps the draft's
-accepted prefix and the model's next token. A step of verify spans alone, every
-draft ``K`` long, replays a graph of ``1 + K`` rows a slot; any other runs eagerly.
+accepted prefix and the model's next token. A step of verify spans, plain decode
+slots and prefill chunks of at most ``1 + K`` rows each replays the verify graph of
+``1 + K`` rows a slot (``engine.runner.graphs``); one with a longer chunk runs eagerly.
 
 Nothing in ``launch`` waits for the device, so the caller can prepare the next
 step while this one runs; ``StepHandle.result()`` waits. With ``time_steps`` set
@@ -214,17 +215,10 @@ class ModelRunner:
         self.graphs = self.verify_graphs = None
 
     def _capture_graphs(self, width: int) -> StepGraphs | None:
-        """Graphs of ``width`` rows a sequence for up to ``max_running`` (at most 256, and
-        what the backend allows) sequences, in the decode graphs' memory pool; None (eager)
-        if capturing fails."""
-        limit = self.attention.graph_batch_limit(width)
-        max_bs = min(self.args.scheduler.max_running, 256, limit)
-        if max_bs < 1:
-            return None
-        graphs = StepGraphs(
-            self.model, self.attention, self.kv, max_bs, self.max_pages_per_seq, width
-        )
-        return capture(graphs, self.tp.rank, self.graphs.mem_pool if self.graphs else None)
+        """``engine.runner.graphs.capture`` on this rank, in the decode graphs' memory pool."""
+        core, pool = self.args.scheduler, self.graphs.mem_pool if self.graphs else None
+        parts = (self.model, self.attention, self.kv, core.max_running, self.max_pages_per_seq)
+        return capture(*parts, width, self.tp.rank, pool)
 
     def _default_num_pages(self, kv_heads: int) -> int:
         c = self.config
@@ -367,12 +361,16 @@ class ModelRunner:
         positions: torch.Tensor,
         meta: AttentionMetadata,
     ) -> torch.Tensor:
-        for graphs in (self.graphs, self.verify_graphs):
-            bs = graphs.bucket(layout.qo_indptr, layout.num_prefill) if graphs else None
-            if graphs is not None and bs is not None and self.attention.graph_fits(meta, bs):
-                return graphs.replay(bs, ids, positions, meta)
-        self.attention.prepare(meta)
-        hidden: torch.Tensor = self.model(ids, positions, self.attention)
+        hidden: torch.Tensor | None = None
+        if self.graphs is not None and layout.is_decode:
+            bs = self.graphs.bucket(layout.num_seqs)
+            if bs is not None and self.attention.graph_fits(meta, bs):
+                hidden = self.graphs.replay(bs, ids, positions, meta)
+        elif self.verify_graphs is not None:
+            hidden = self.verify_graphs.replay_widened(ids, positions, meta)
+        if hidden is None:
+            self.attention.prepare(meta)
+            hidden = self.model(ids, positions, self.attention)
         return hidden
 
     def _sample_sources(self, plan: Plan, layout: StepLayout) -> np.ndarray:
