@@ -211,7 +211,7 @@ def one_case(args: argparse.Namespace, profile: Path | None, costs: Any, plain: 
 def simulated(args: argparse.Namespace, profile: Path, costs: Any, plain: dict[str, Any],
               spec: dict[str, Any], tag: str, c: int, k: int) -> dict[str, Any]:  # fmt: skip
     """The simulated side of one case; its acceptance model is the measured one: the
-    histogram and the draft share."""
+    histogram, the per-position tests and the draft share."""
     measured = spec["spec"]
     sim_plain = simulate(sim_config(args, profile), costs, plain["requests"], c)
     sim: dict[str, Any]
@@ -220,7 +220,8 @@ def simulated(args: argparse.Namespace, profile: Path, costs: Any, plain: dict[s
     else:
         path = args.out_dir / f"acceptance_{tag}.json"
         model = {"accepted_lengths": measured["accepted_lengths"], "num_draft_tokens": k,
-                 "draft_share": measured["draft_share"]}  # fmt: skip
+                 "draft_share": measured["draft_share"],
+                 "tested_per_position": measured.get("tested_per_position", [])}  # fmt: skip
         path.write_text(json.dumps(model) + "\n")
         seeds = range(args.seed, args.seed + max(1, args.sim_seeds))
         runs = [
@@ -236,8 +237,8 @@ def simulated(args: argparse.Namespace, profile: Path, costs: Any, plain: dict[s
 
 
 ACCEPTANCE_MODEL = (
-    "the run's /metrics: accepted draft tokens per verify slot (histogram) and the share of "
-    "decode slots that carried a draft"
+    "the run's /metrics: accepted draft tokens per verify slot (histogram), verify slots by "
+    "draft position tested, and the share of decode slots that carried a draft"
 )
 
 

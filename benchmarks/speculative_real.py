@@ -122,6 +122,18 @@ def accepted_histogram(metrics: dict[str, float]) -> list[int]:
     return [round(c - (cum[n - 1] if n else 0.0)) for n, c in enumerate(cum)]
 
 
+def tested_per_position(metrics: dict[str, float]) -> list[int]:
+    """Verify slots by draft position tested (from 0) from ``scrape``'s samples (empty: an
+    engine without the counter)."""
+    prefix = 'engine_spec_decode_num_tested_tokens_per_pos_total{position="'
+    counts = {
+        int(key[len(prefix) :].split('"', 1)[0]): value
+        for key, value in metrics.items()
+        if key.startswith(prefix)
+    }
+    return [round(counts.get(i, 0.0)) for i in range(max(counts, default=-1) + 1)]
+
+
 SPEC_COUNTERS = {
     "verify_slots": "engine_spec_decode_num_drafts_total",
     "undrafted_slots": "engine_spec_decode_num_undrafted_slots_total",
@@ -131,7 +143,8 @@ SPEC_COUNTERS = {
 
 
 def acceptance_delta(before: dict[str, float], after: dict[str, float]) -> dict[str, Any]:
-    """What the server's drafts did between two scrapes: the counters and the histogram."""
+    """What the server's drafts did between two scrapes: the counters, the histogram and the
+    per-position tests."""
     out: dict[str, Any] = {
         name: round(after.get(key, 0.0) - before.get(key, 0.0))
         for name, key in SPEC_COUNTERS.items()
@@ -139,6 +152,9 @@ def acceptance_delta(before: dict[str, float], after: dict[str, float]) -> dict[
     hist_after, hist_before = accepted_histogram(after), accepted_histogram(before)
     hist_before += [0] * (len(hist_after) - len(hist_before))
     out["accepted_lengths"] = [a - b for a, b in zip(hist_after, hist_before, strict=True)]
+    tested_after, tested_before = tested_per_position(after), tested_per_position(before)
+    tested_before += [0] * (len(tested_after) - len(tested_before))
+    out["tested_per_position"] = [a - b for a, b in zip(tested_after, tested_before, strict=True)]
     return out | acceptance_figures(out)
 
 

@@ -44,7 +44,8 @@ from core.scheduler import POLICIES, SchedulerConfig
 from core.settings import mem_fraction_setting, setting
 from schema.layouts import LAYOUTS
 from sim.costs import CostSpec, Profile
-from sim.costs.acceptance import DRAWS, AcceptanceModel, load_acceptance
+from sim.costs.acceptance import DRAWS, AcceptanceModel
+from sim.costs.acceptance_files import load_acceptance
 from sim.costs.committed import committed_profile
 from sim.costs.presets import DTYPE_BYTES, hardware, model_shape
 from sim.costs.profile import display_path, profile_device

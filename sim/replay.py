@@ -363,12 +363,7 @@ def speculative_summary(
         return {"method": "none"}
     total = AcceptanceDraws(draws[0].model, config.seed)
     for d in draws:
-        total.verify_slots += d.verify_slots
-        total.draft_tokens += d.draft_tokens
-        total.accepted_tokens += d.accepted_tokens
-        for n, count in enumerate(d.accepted_lengths):
-            total.accepted_lengths += [0] * (n + 1 - len(total.accepted_lengths))
-            total.accepted_lengths[n] += count
+        total.add(d)
     method = {"method": config.speculative, "num_draft_tokens": config.num_draft_tokens}
     return method | total.describe() | {"undrafted_slots": drafter.undrafted}
 

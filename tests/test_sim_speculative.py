@@ -18,7 +18,8 @@ from engine.server.speculative_metrics import SpeculativeCollector
 from lab.profile.grid import GridSpec, StepPoint
 from lab.sweep.grid import check_grid
 from lab.sweep.sweep import plan_grid
-from sim.costs.acceptance import AcceptanceDraws, AcceptanceModel, load_acceptance
+from sim.costs.acceptance import AcceptanceDraws, AcceptanceModel
+from sim.costs.acceptance_files import load_acceptance
 
 PROFILE = "profiles/cpu-xeon-2core_smollm2-135m.csv"
 
@@ -95,6 +96,22 @@ def test_rates_of_a_histogram_recover_known_rates() -> None:
     assert AcceptanceModel.of_histogram([5, 5, 0, 0]).rates == (0.5, 0.0, 0.0)
 
 
+def test_rates_of_mixed_length_drafts_come_back_with_the_tested_positions() -> None:
+    """Slots of 1-4 drafts drawn at known rates: the tallies' per-position tests give the
+    rates back; the histogram alone gives the later ones low."""
+    rates = (0.8, 0.7, 0.6, 0.5)
+    draws = AcceptanceDraws(AcceptanceModel.of_rates(rates), seed=5)
+    for k in (1, 2, 3, 4):
+        draws.draw(slots_plan(20_000, k, seed=k))
+    hist, tested = draws.accepted_lengths, draws.tested_per_position
+    assert draws.describe()["tested_per_position"] == tested
+    assert tested[0] == draws.verify_slots == 80_000  # every slot tests its first token
+    got = AcceptanceModel.of_histogram(hist, tested=tested).rates
+    assert np.abs(np.array(got) - rates).max() < 0.02
+    low = AcceptanceModel.of_histogram(hist).rates
+    assert all(lo < a - 0.1 for lo, a in zip(low[1:], rates[1:], strict=True))
+
+
 def test_empirical_draws_follow_the_histogram() -> None:
     counts = [30, 10, 20, 40]  # K = 3
     model = AcceptanceModel.of_histogram(counts, empirical=True)
@@ -134,13 +151,24 @@ def test_histogram_inputs_are_checked() -> None:
 
 
 # ---------------------------------------------------------------- what the engine measured
-def metrics_page(accepted_lengths: list[int], k: int, replicas: int = 2, undrafted: int = 0) -> str:
-    """The engine's ``/metrics`` text of its speculative collector, over ``replicas``."""
+def metrics_page(
+    accepted_lengths: list[int],
+    k: int,
+    replicas: int = 2,
+    undrafted: int = 0,
+    tested: list[int] | None = None,
+) -> str:
+    """The engine's ``/metrics`` text of its speculative collector, over ``replicas``;
+    ``tested`` per position, by default as if every draft were ``k`` long."""
     registry = CollectorRegistry()
     collector = SpeculativeCollector("m", k)
+    at_least = np.cumsum(accepted_lengths[::-1])[::-1].tolist()
+    tested = at_least[:k] if tested is None else tested
     for replica in range(replicas):
         slots = sum(accepted_lengths)
-        stats = SpeculativeStats(slots, k * slots, 0, list(accepted_lengths), undrafted)
+        stats = SpeculativeStats(
+            slots, k * slots, 0, list(accepted_lengths), undrafted, list(tested)
+        )
         collector.update(replica, stats)
     registry.register(collector)
     return generate_latest(registry).decode()
@@ -159,6 +187,34 @@ def test_the_engines_metrics_page_informs_the_model(tmp_path: Path) -> None:
     empty.write_text("# HELP other\nother_total 3\n")
     with pytest.raises(ValueError, match="no engine_spec_decode_accepted_length"):
         load_acceptance(str(empty), 2)
+
+
+def test_per_position_tests_take_short_drafts_out_of_the_rates(tmp_path: Path) -> None:
+    """Drafts cut short accept whole without testing the positions past them: the rates come
+    from the positions tested, and a page without the counter reads such a slot's end as a
+    rejection (the rates low)."""
+    # per replica, 40 slots of 4 drafts accepting 0-4: 10, 16, 6, 0, 8; 20 of one draft,
+    # accepted; 10 of two drafts, the first rejected
+    hist = [10 + 10, 16 + 20, 6, 0, 8]
+    tested = [70, 16 + 6 + 8, 6 + 8, 8]  # positions 0..3: the 4-draft slots that got there
+    path = tmp_path / "metrics.txt"
+    path.write_text(metrics_page(hist, k=4, tested=tested))
+    model = load_acceptance(str(path), 4)
+    assert model.tested == tuple(2 * t for t in tested)
+    want = [50 / 70, 14 / 30, 8 / 14, 1.0]
+    assert model.rates == pytest.approx(want)
+    older = tmp_path / "older.txt"
+    older.write_text("".join(line + "\n" for line in path.read_text().splitlines()
+                             if "tested" not in line))  # fmt: skip
+    low = load_acceptance(str(older), 4)
+    assert low.tested == ()
+    assert low.rates == pytest.approx([50 / 70, 14 / 50, 8 / 14, 1.0])  # 20 short, read low
+    stats = tmp_path / "stats.json"
+    stats.write_text(json.dumps({"accepted_lengths": hist, "tested_per_position": tested}))
+    assert load_acceptance(str(stats), 4).rates == pytest.approx(want)
+    stats.write_text(json.dumps({"accepted_lengths": hist, "tested_per_position": [70, 5]}))
+    with pytest.raises(ValueError, match="do not fit the accepted lengths"):
+        load_acceptance(str(stats), 4)  # 14 slots passed position 1, only 5 tested there
 
 
 def test_the_draft_share_is_read_where_the_rates_are(tmp_path: Path) -> None:

@@ -17,7 +17,7 @@ from schema.steprecord import SPECULATIVE_COLUMNS, read_step_record
 from schema.traces import load_trace
 from sim.config import DEFAULT_DRAFT_TOKENS as SIM_DEFAULT_DRAFT_TOKENS
 from sim.config import SPECULATIVE_METHODS, build_config
-from sim.costs.acceptance import load_acceptance
+from sim.costs.acceptance_files import load_acceptance
 from sim.model.calls import replay_calls
 from sim.replay import run_replay
 

@@ -75,6 +75,9 @@ def test_the_delta_of_two_scrapes_is_what_the_run_drafted(monkeypatch: pytest.Mo
     assert first["accepted_lengths"] == [2, 1, 1]
     assert (first["verify_slots"], first["draft_tokens"], first["accepted_tokens"]) == (4, 8, 3)
     assert first["undrafted_slots"] == 12 and first["draft_share"] == pytest.approx(0.25)
+    assert first["tested_per_position"] == [0, 0]  # stats without the per-position tests
+    tested = scraped(monkeypatch, 2, SpeculativeStats(10, 19, 9, [4, 3, 3], 14, [10, 5]))
+    assert acceptance_delta(middle, tested)["tested_per_position"] == [10, 5]
     second = acceptance_delta(middle, after)
     assert second["accepted_lengths"] == [2, 2, 2]
     assert second["acceptance_rate"] == pytest.approx(6 / 11)

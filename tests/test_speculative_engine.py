@@ -28,9 +28,11 @@ from core.scheduler.drafter import NgramDrafter
 from engine.models.setup import ensure_model
 from engine.runner import ModelRunner, RunnerArgs, StepInputs
 from engine.sampling import SamplingParams
+from engine.scheduler_proc.drafts import DraftCounters, accepted_tokens
 from engine.scheduler_proc.recorder import StepRecorder
 from engine.speculative import DEFAULT_DRAFT_TOKENS, SpeculativeConfig
 from schema.steprecord import SPECULATIVE_COLUMNS, STEP_RECORD_COLUMNS, read_step_record
+from sim.costs.acceptance import AcceptanceModel
 
 torch.set_num_threads(2)
 pytestmark = pytest.mark.slow
@@ -167,6 +169,7 @@ def test_serve_speculative_equals_plain_server() -> None:
             assert "engine_spec_decode_num_undrafted_slots_total" in metrics
             assert metrics["engine_spec_decode_num_accepted_tokens_total"] > 0
             assert metrics["engine_spec_decode_accepted_length_count"] > 0
+            assert "engine_spec_decode_num_tested_tokens_per_pos_total" in metrics
     assert texts[()] and texts[()] == texts[("--speculative", "ngram", "--num-draft-tokens", "3")]
 
 
@@ -183,6 +186,25 @@ def test_the_step_record_counts_drafts(
     assert spec is not None and spec.accepted_tokens > 0
     assert int(steps["draft_tokens"].sum()) == spec.draft_tokens
     assert int(steps["accepted_tokens"].sum()) == spec.accepted_tokens
+    stats = spec.snapshot()
+    assert stats.tested_per_position[0] == stats.verify_slots
+    # it checks that each position was tested no less often than passed, no more than reached
+    AcceptanceModel.of_histogram(stats.accepted_lengths, tested=stats.tested_per_position)
+
+
+def test_the_counters_test_each_position_up_to_the_first_rejection() -> None:
+    """Drafts of 4, 2 and 3 tokens accepting 1, 2 (all) and 3 (all): positions 0 and 1 of
+    the first (1 rejected), 0-1 of the second, 0-2 of the third."""
+    counters = DraftCounters()
+    slots = (DecodeSlot("a", 9, (0,), (1, 2, 3, 4)), DecodeSlot("b", 9, (1,), (5, 6)),
+             DecodeSlot("c", 9, (2,), (7, 8, 9)), DecodeSlot("d", 9, (3,)))  # fmt: skip
+    plan = Plan(1, decode=slots)
+    accepted = accepted_tokens(plan, {"a": [1, 0], "b": [5, 6, 0], "c": [7, 8, 9, 0], "d": 4})
+    assert accepted == [1, 2, 3]
+    counters.count(plan, accepted)
+    stats = counters.snapshot()
+    assert stats.tested_per_position == [3, 3, 1]
+    assert stats.accepted_lengths == [0, 1, 1, 1] and stats.undrafted_slots == 1
 
 
 def test_tensor_parallel_ranks_follow_the_drafts(

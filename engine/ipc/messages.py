@@ -163,14 +163,18 @@ class TextBatch(msgspec.Struct, tag=True):
 class SpeculativeStats(msgspec.Struct, frozen=True):
     """Speculative decoding so far: decode slots that verified a draft, draft tokens they
     proposed and the model accepted, ``accepted_lengths[n]``: the slots that accepted
-    ``n`` draft tokens (``n`` from 0 to the longest draft), and ``undrafted_slots``: decode
-    slots the drafter gave no draft (a plain decode)."""
+    ``n`` draft tokens (``n`` from 0 to the longest draft), ``undrafted_slots``: decode
+    slots the drafter gave no draft (a plain decode), and ``tested_per_position[i]``: the
+    slots whose draft token ``i`` (from 0) was tested, its draft that long and every token
+    before it accepted (so ``i``'s acceptance rate is the slots that accepted more than
+    ``i`` over this, whatever the drafts' lengths)."""
 
     verify_slots: int = 0
     draft_tokens: int = 0
     accepted_tokens: int = 0
     accepted_lengths: list[int] = []
     undrafted_slots: int = 0
+    tested_per_position: list[int] = []
 
 
 class TransferStats(msgspec.Struct, frozen=True):

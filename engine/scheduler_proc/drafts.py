@@ -28,6 +28,7 @@ class DraftCounters:
         self.draft_tokens = 0
         self.accepted_tokens = 0
         self.accepted_lengths: list[int] = []
+        self.tested_per_position: list[int] = []
 
     def count(self, plan: Plan, accepted: Sequence[int]) -> None:
         """Add ``plan``'s verify slots, ``accepted`` as ``accepted_tokens`` gave them, and its
@@ -36,10 +37,11 @@ class DraftCounters:
         self.undrafted_slots += len(plan.decode) - len(accepted)
         self.draft_tokens += plan.num_draft_tokens
         self.accepted_tokens += sum(accepted)
-        for n in accepted:
-            if n >= len(self.accepted_lengths):
-                self.accepted_lengths.extend([0] * (n + 1 - len(self.accepted_lengths)))
-            self.accepted_lengths[n] += 1
+        drafts = (len(slot.draft) for slot in plan.decode if slot.draft)
+        for n, length in zip(accepted, drafts, strict=True):
+            _add(self.accepted_lengths, n)
+            for i in range(min(n + 1, length)):  # tested: up to the first rejection
+                _add(self.tested_per_position, i)
 
     def snapshot(self) -> SpeculativeStats:
         return SpeculativeStats(
@@ -48,4 +50,11 @@ class DraftCounters:
             self.accepted_tokens,
             list(self.accepted_lengths),
             self.undrafted_slots,
+            list(self.tested_per_position),
         )
+
+
+def _add(counts: list[int], index: int) -> None:
+    if index >= len(counts):
+        counts.extend([0] * (index + 1 - len(counts)))
+    counts[index] += 1

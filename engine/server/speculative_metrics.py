@@ -2,7 +2,10 @@
 
 Named as vLLM names its counters (``vllm:spec_decode_num_drafts`` is
 ``engine_spec_decode_num_drafts``); the histogram of accepted draft tokens per
-verify slot has one bucket per count, 0 to ``--num-draft-tokens``.
+verify slot has one bucket per count, 0 to ``--num-draft-tokens``; the counter
+``engine_spec_decode_num_tested_tokens_per_pos`` (label ``position``, from 0, as
+vLLM's per-position counter) counts the slots whose draft token at that position
+was tested: the slot's draft reached it and accepted every token before it.
 """
 
 from __future__ import annotations
@@ -58,3 +61,15 @@ class SpeculativeCollector(Collector):
                 [self.model, str(replica)], buckets, sum_value=float(stats.accepted_tokens)
             )
         yield histogram
+        tested = CounterMetricFamily(
+            "engine_spec_decode_num_tested_tokens_per_pos",
+            "Verify slots whose draft token at this position was tested (the draft that long, "
+            "every token before it accepted)",
+            labels=[*LABELS, "position"],
+        )
+        for replica, stats in replicas:
+            counts = list(stats.tested_per_position)
+            counts += [0] * (self.num_draft_tokens - len(counts))
+            for i, count in enumerate(counts):
+                tested.add_metric([self.model, str(replica), str(i)], float(count))
+        yield tested

@@ -18,27 +18,7 @@ of a copying prompt). ``draft_share`` is the share of decode slots that carry
 one; the others decode plainly (``sim.model.drafter``). The histogram counts
 verify slots only, so the rates are of drafted slots.
 
-What informs it (``load_acceptance``), never assumed: rates given by hand
-(``"0.8,0.6,0.5,0.4"``; one rate repeats: geometric), or a measurement of the
-engine (``engine serve --speculative ngram``):
-
-- ``/metrics`` saved to a file: the histogram ``engine_spec_decode_accepted_length``
-  counts the verify slots by accepted draft tokens (0 .. ``--num-draft-tokens``),
-  summed over replicas. It is the engine's only per-slot measurement; the rates
-  are ``a_i = P(n >= i) / P(n >= i - 1)``. It does not say how many drafts each
-  slot carried: a slot that the drafter gave fewer than ``K`` tokens (no long
-  enough match, the output limit) can accept no more, which biases the later
-  rates low (rather a lower bound on them). The counters
-  ``engine_spec_decode_num_drafts_total`` and ``..._num_undrafted_slots_total``
-  give ``draft_share`` = drafts / (drafts + undrafted) (1 when the page has no
-  undrafted counter);
-- a JSON file: ``{"rates": [...]}``, or ``{"accepted_lengths": [c_0, c_1, ...]}``
-  (the engine's ``SpeculativeStats``; an optional ``"num_draft_tokens"`` says
-  the ``K`` it ran with, else ``len - 1``); ``"draft_share"``, or the stats'
-  ``"undrafted_slots"``, gives the share of slots drafted;
-- a step record (``engine_steps.csv`` of ``--record-steps``): only per-step sums
-  of draft and accepted tokens, so one geometric rate whose mean acceptance
-  per draft token equals the record's, assuming every slot carried ``K``.
+What informs it, never assumed, is read by ``sim.costs.acceptance_files``.
 
 Draws are deterministic: each is a hash of the run's seed, the request and the
 draft token's position (``uniforms``), so they do not depend on batch order,
@@ -48,13 +28,10 @@ draw the same acceptance (common random numbers for sweeps).
 
 from __future__ import annotations
 
-import json
 import math
-import re
 import zlib
 from collections.abc import Sequence
-from dataclasses import dataclass, field, replace
-from pathlib import Path
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -65,9 +42,6 @@ DRAWS = ("rates", "empirical")
 """How a slot's accepted count is drawn: a chain of per-position rates, or the histogram."""
 METRIC = "engine_spec_decode_accepted_length"
 """The engine's ``/metrics`` histogram of accepted draft tokens per verify slot."""
-DRAFTED = "engine_spec_decode_num_drafts_total"
-UNDRAFTED = "engine_spec_decode_num_undrafted_slots_total"
-"""The engine's ``/metrics`` counters of decode slots with and without a draft."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -80,6 +54,7 @@ class AcceptanceModel:
     rates: tuple[float, ...]
     source: str
     histogram: tuple[int, ...] = ()
+    tested: tuple[int, ...] = ()
     empirical: bool = False
     geometric: bool = False
     draft_share: float = 1.0
@@ -108,26 +83,44 @@ class AcceptanceModel:
 
     @staticmethod
     def of_histogram(
-        counts: Sequence[int], source: str = "histogram", empirical: bool = False
+        counts: Sequence[int],
+        source: str = "histogram",
+        empirical: bool = False,
+        tested: Sequence[int] = (),
     ) -> AcceptanceModel:
         """Rates estimated from ``counts[n]``, the verify slots that accepted ``n`` draft tokens
-        (``n`` = 0 .. K): ``a_i = P(n >= i) / P(n >= i - 1)`` (0 where no slot got that far)."""
-        hist = tuple(counts)
+        (``n`` = 0 .. K): with ``tested[i - 1]``, the slots whose draft token ``i`` was tested
+        (the engine's per-position counter), ``a_i = P(n >= i) / tested[i - 1]``; without,
+        ``a_i = P(n >= i) / P(n >= i - 1)``, which takes every slot that accepted ``i - 1`` to
+        have tested token ``i`` and so reads a draft shorter than ``K``, accepted whole, as a
+        rejection (low). 0 where no slot got that far."""
+        hist, tried = tuple(counts), tuple(tested)
         if len(hist) < 2:
             raise ValueError(
                 f"{source}: a histogram of accepted lengths needs counts for 0 .. K >= 1"
             )
-        for n, c in enumerate(hist):
-            if isinstance(c, bool) or not isinstance(c, int) or c < 0:
-                raise ValueError(f"{source}: count of accepted length {n} must be an integer >= 0")
+        for what, values in (("accepted length", hist), ("tested position", tried)):
+            for n, c in enumerate(values):
+                if isinstance(c, bool) or not isinstance(c, int) or c < 0:
+                    raise ValueError(f"{source}: count of {what} {n} must be an integer >= 0")
         if sum(hist) == 0:
             raise ValueError(f"{source}: the histogram counts no verify slot")
         at_least = np.cumsum(hist[::-1])[::-1]  # at_least[i] = slots with n >= i
+        if tried:
+            tried += (0,) * (len(hist) - 1 - len(tried))
+            if len(tried) != len(hist) - 1 or any(
+                at_least[i + 1] > t or t > at_least[i] for i, t in enumerate(tried)
+            ):
+                raise ValueError(
+                    f"{source}: tested counts {list(tried)} do not fit the accepted lengths "
+                    f"{list(hist)} (each position tested at least as often as passed, at most "
+                    "as often as the one before was accepted)"
+                )
+        tries = tried if tried else at_least[:-1]
         rates = tuple(
-            float(at_least[i] / at_least[i - 1]) if at_least[i - 1] else 0.0
-            for i in range(1, len(hist))
+            float(at_least[i] / tries[i - 1]) if tries[i - 1] else 0.0 for i in range(1, len(hist))
         )
-        return AcceptanceModel(rates, source, hist, empirical)
+        return AcceptanceModel(rates, source, hist, tried, empirical)
 
     @property
     def max_drafts(self) -> int | None:
@@ -164,13 +157,16 @@ class AcceptanceModel:
         }
         if self.histogram:
             out["histogram"] = list(self.histogram)
+        if self.tested:
+            out["tested_per_position"] = list(self.tested)
         return out
 
 
 @dataclass(slots=True)
 class AcceptanceDraws:
     """Draws accepted counts for the draft slots of plans, and tallies them as the engine's
-    ``/metrics`` does (``accepted_lengths[n]``: slots that accepted ``n``)."""
+    ``/metrics`` does (``accepted_lengths[n]``: slots that accepted ``n``;
+    ``tested_per_position[i]``: slots whose draft token ``i``, from 0, was tested)."""
 
     model: AcceptanceModel
     seed: int = 0
@@ -178,6 +174,7 @@ class AcceptanceDraws:
     draft_tokens: int = 0
     accepted_tokens: int = 0
     accepted_lengths: list[int] = field(default_factory=list)
+    tested_per_position: list[int] = field(default_factory=list)
     _cdfs: dict[int, np.ndarray] = field(default_factory=dict, repr=False)
 
     def draw(self, plan: Plan) -> dict[str, int] | None:
@@ -196,10 +193,10 @@ class AcceptanceDraws:
             ]
         else:
             counts = self._chain(ks, keys, positions)
-        for n in counts:
-            while n >= len(self.accepted_lengths):
-                self.accepted_lengths.append(0)
-            self.accepted_lengths[n] += 1
+        for n, k in zip(counts, ks, strict=True):
+            tally(self.accepted_lengths, n)
+            for i in range(min(n + 1, int(k))):
+                tally(self.tested_per_position, i)
         self.verify_slots += len(slots)
         self.draft_tokens += int(ks.sum())
         self.accepted_tokens += sum(counts)
@@ -233,7 +230,27 @@ class AcceptanceDraws:
             "accepted_tokens": self.accepted_tokens,
             "acceptance_rate": rate,
             "accepted_lengths": list(self.accepted_lengths),
+            "tested_per_position": list(self.tested_per_position),
         }
+
+    def add(self, other: AcceptanceDraws) -> None:
+        """Add ``other``'s tallies (another replica's) to these."""
+        self.verify_slots += other.verify_slots
+        self.draft_tokens += other.draft_tokens
+        self.accepted_tokens += other.accepted_tokens
+        for counts, more in (
+            (self.accepted_lengths, other.accepted_lengths),
+            (self.tested_per_position, other.tested_per_position),
+        ):
+            for i, count in enumerate(more):
+                tally(counts, i, count)
+
+
+def tally(counts: list[int], index: int, by: int = 1) -> None:
+    """``counts[index] += by``, growing ``counts`` with zeros as needed."""
+    if index >= len(counts):
+        counts.extend([0] * (index + 1 - len(counts)))
+    counts[index] += by
 
 
 def _mix(x: np.ndarray) -> np.ndarray:
@@ -253,141 +270,3 @@ def uniforms(seed: int, keys: np.ndarray, positions: np.ndarray) -> np.ndarray:
     bits = _mix(base + np.asarray(positions, dtype=np.uint64) * np.uint64(0xD1B54A32D192ED03))
     out: np.ndarray = (bits >> np.uint64(11)).astype(np.float64) * (1.0 / (1 << 53))
     return out
-
-
-# ---------------------------------------------------------------- what informs the model
-def load_acceptance(
-    spec: str, num_draft_tokens: int, empirical: bool = False, draft_share: float | None = None
-) -> AcceptanceModel:
-    """The model ``spec`` names: comma-separated rates (one: geometric), or a file of the
-    engine's measurement (module doc); ``empirical`` draws from a measured histogram.
-    ``num_draft_tokens`` (``K``) is what the model must cover (and a step record's ``K``);
-    ``draft_share``, when given, overrides the measured share of slots drafted."""
-    text = spec.strip()
-    path = Path(text)
-    if path.is_file():
-        model = _of_file(path, num_draft_tokens, empirical)
-    else:
-        if empirical:
-            raise ValueError(f"acceptance {spec!r}: empirical draws need a measured histogram")
-        values = _rates(text)
-        single = len(values) == 1
-        model = AcceptanceModel.of_rate(values[0]) if single else AcceptanceModel.of_rates(values)
-    model.check_covers(num_draft_tokens)
-    return model if draft_share is None else replace(model, draft_share=float(draft_share))
-
-
-def _of_file(path: Path, num_draft_tokens: int, empirical: bool) -> AcceptanceModel:
-    name = path.name.lower()
-    if name.endswith((".csv", ".csv.gz")):
-        if empirical:
-            raise ValueError(f"{path}: a step record holds sums, not a histogram to draw from")
-        return rate_of_step_record(path, num_draft_tokens)
-    if name.endswith(".json"):
-        return _of_json(path, empirical)
-    model = AcceptanceModel.of_histogram(metrics_histogram(path), f"/metrics of {path}", empirical)
-    return replace(model, draft_share=metrics_draft_share(path))
-
-
-def _rates(text: str) -> list[float]:
-    try:
-        values = [float(v) for v in text.split(",") if v.strip()]
-    except ValueError:
-        raise ValueError(
-            f"acceptance {text!r}: neither comma-separated rates in [0, 1] nor a file"
-        ) from None
-    if not values:
-        raise ValueError(f"acceptance {text!r}: no rate given")
-    return values
-
-
-def _of_json(path: Path, empirical: bool) -> AcceptanceModel:
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except json.JSONDecodeError as exc:
-        raise ValueError(f"{path}: cannot parse JSON ({exc})") from None
-    if isinstance(data, dict) and "rates" in data:
-        if empirical:
-            raise ValueError(f"{path}: empirical draws need accepted_lengths, not rates")
-        model = AcceptanceModel.of_rates(_numbers(data["rates"], path), f"rates of {path}")
-        return replace(model, draft_share=data.get("draft_share", 1.0))
-    if isinstance(data, dict) and "accepted_lengths" in data:
-        counts = list(data["accepted_lengths"])
-        share = data.get("draft_share")
-        undrafted = data.get("undrafted_slots")
-        if share is None and isinstance(undrafted, int) and sum(counts) + undrafted > 0:
-            share = sum(counts) / (sum(counts) + undrafted)
-        k = data.get("num_draft_tokens")
-        if k is not None:
-            if not isinstance(k, int) or len(counts) > k + 1:
-                raise ValueError(f"{path}: accepted lengths past num_draft_tokens {k!r}")
-            counts += [0] * (k + 1 - len(counts))
-        model = AcceptanceModel.of_histogram(counts, f"accepted lengths of {path}", empirical)
-        return replace(model, draft_share=1.0 if share is None else share)
-    raise ValueError(f"{path}: expected a JSON object with 'rates' or 'accepted_lengths'")
-
-
-def _numbers(value: object, path: Path) -> list[float]:
-    if not isinstance(value, list) or not all(isinstance(v, int | float) for v in value):
-        raise ValueError(f"{path}: 'rates' must be a list of numbers")
-    return [float(v) for v in value]
-
-
-_BUCKET = re.compile(METRIC + r"_bucket\{(?P<labels>[^}]*)\}\s+(?P<value>\S+)")
-_LE = re.compile(r'le="(?P<le>[^"]+)"')
-
-
-def metrics_histogram(path: Path) -> list[int]:
-    """Verify slots by accepted draft tokens (0 .. K) from a saved ``/metrics`` page: the
-    cumulative buckets of ``engine_spec_decode_accepted_length``, summed over replicas."""
-    cumulative: dict[int, float] = {}
-    for match in _BUCKET.finditer(path.read_text(encoding="utf-8")):
-        le = _LE.search(match["labels"])
-        if le is None or le["le"] == "+Inf":
-            continue
-        n = int(float(le["le"]))
-        cumulative[n] = cumulative.get(n, 0.0) + float(match["value"])
-    if not cumulative:
-        raise ValueError(f"{path}: no {METRIC} histogram (saved from a speculating engine)")
-    cum = [cumulative.get(n, 0.0) for n in range(max(cumulative) + 1)]
-    counts = [round(c - (cum[n - 1] if n else 0.0)) for n, c in enumerate(cum)]
-    if any(c < 0 for c in counts):
-        raise ValueError(f"{path}: the {METRIC} buckets are not cumulative")
-    return counts
-
-
-def metrics_draft_share(path: Path) -> float:
-    """The share of decode slots that carried a draft, from a saved ``/metrics`` page's
-    counters summed over replicas (1 without the undrafted counter, or without slots)."""
-    text = path.read_text(encoding="utf-8")
-    drafted, undrafted = (
-        sum(float(m[1]) for m in re.finditer(f"^{name}" + r"(?:\{[^}]*\})?\s+(\S+)", text, re.M))
-        for name in (DRAFTED, UNDRAFTED)
-    )
-    if UNDRAFTED not in text or drafted + undrafted <= 0:
-        return 1.0
-    return drafted / (drafted + undrafted)
-
-
-def rate_of_step_record(path: Path, num_draft_tokens: int) -> AcceptanceModel:
-    """One geometric rate from a step record's sums: the rate ``a`` whose mean acceptance per
-    draft token, ``(a + a^2 + .. + a^K) / K``, equals the record's accepted over drafted
-    tokens, ``K`` = ``num_draft_tokens`` (every slot taken to carry ``K``; module doc)."""
-    from schema.steprecord import SPECULATIVE_COLUMNS, read_step_record
-
-    frame = read_step_record(path)
-    if not set(SPECULATIVE_COLUMNS) <= set(frame.columns):
-        raise ValueError(f"{path}: no draft_tokens/accepted_tokens (not a speculating engine's)")
-    drafts = int(frame["draft_tokens"].sum())
-    if drafts == 0:
-        raise ValueError(f"{path}: no step verified a draft")
-    if num_draft_tokens < 1:
-        raise ValueError("a step record's rate needs --num-draft-tokens >= 1")
-    per_token = int(frame["accepted_tokens"].sum()) / drafts
-    k = num_draft_tokens
-    lo, hi = 0.0, 1.0
-    for _ in range(60):  # the mean per token rises with a, from 0 to 1
-        a = (lo + hi) / 2
-        lo, hi = (a, hi) if sum(a**i for i in range(1, k + 1)) / k < per_token else (lo, a)
-    source = f"step record {path}: {per_token:.4f} accepted a draft token, K={k}"
-    return AcceptanceModel.of_rate(min(max((lo + hi) / 2, 0.0), 1.0), source)
