@@ -128,7 +128,7 @@ def simulate(
     spec = result.summary.get("speculative", {})
     if spec.get("method", "none") != "none":
         keep = ("verify_slots", "undrafted_slots", "draft_tokens", "accepted_tokens",
-                "accepted_lengths", "acceptance")  # fmt: skip
+                "accepted_lengths", "tested_per_position", "acceptance")  # fmt: skip
         out["spec"] = {k: spec[k] for k in keep} | acceptance_figures(spec)
         out["spec"]["verify_steps"] = verify_steps(result.engine_steps)
     return out
