@@ -34,6 +34,7 @@ from engine.scheduler_proc.recorder import StepRecorder
 from engine.speculative import DEFAULT_DRAFT_TOKENS, SpeculativeConfig
 from engine.speculative.synthetic import SyntheticAcceptance, parse_rates
 from schema.steprecord import read_step_record
+from sim.costs.acceptance import AcceptanceModel
 
 torch.set_num_threads(2)
 
@@ -182,6 +183,23 @@ def test_the_same_requests_draw_the_same_tokens(
     spec = driver.speculative
     assert spec is not None and 0 < spec.accepted_tokens < spec.draft_tokens
     assert sum(spec.accepted_lengths) == spec.verify_slots
+
+
+@pytest.mark.slow
+def test_the_per_position_tests_give_the_rates_back_where_drafts_are_cut_short(
+    runner: ModelRunner, prompts: dict[str, list[int]]
+) -> None:
+    """Every draft accepted whole (rate 1) and 7 tokens a request, so drafts are cut short at
+    the output limit: the histogram alone reads a short draft's end as a rejection (a rate
+    below 1), the engine's per-position tests do not."""
+    _, driver = synthetic(runner, greedy(prompts, 7), (1.0,))
+    assert driver.speculative is not None
+    stats = driver.speculative.snapshot()
+    assert stats.accepted_lengths[K] > 0 and sum(stats.accepted_lengths[1:K]) > 0
+    tested = stats.tested_per_position
+    model = AcceptanceModel.of_histogram(stats.accepted_lengths, tested=tested)
+    assert model.rates == (1.0,) * K
+    assert min(AcceptanceModel.of_histogram(stats.accepted_lengths).rates) < 1.0
 
 
 @pytest.mark.parametrize("limit", [1, 3, 5, 6])
