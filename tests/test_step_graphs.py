@@ -8,6 +8,7 @@ write only the pool's scratch page. The replays themselves run on CUDA
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import numpy as np
 import pytest
@@ -184,3 +185,35 @@ def test_widening_refuses_a_longer_sequence() -> None:
     ids = torch.zeros(5, dtype=torch.int64)
     with pytest.raises(ValueError, match="a sequence of 4 rows does not widen to 3"):
         widen(ids, ids.clone(), meta, 3, NUM_PAGES)
+
+
+def test_a_widened_step_gives_the_models_logits(monkeypatch: pytest.MonkeyPatch) -> None:
+    """SmolLM2 on CPU through the runner, the verify plans of the CUDA tests: each step whose
+    sequences are at most 1 + K = 4 rows run widened (eagerly here, where CUDA replays the
+    verify graph) gives the logits of the step as laid out."""
+    from speculative_loop import cpu_runner
+    from test_speculative_engine import _verify_plans
+
+    reference, runner = cpu_runner(), cpu_runner()
+    eager = runner._run_model
+    widened = []
+
+    def run_widened(
+        layout: Any, ids: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata
+    ) -> torch.Tensor:
+        if not layout.num_prefill or int(np.diff(layout.qo_indptr).max()) > 4:
+            return eager(layout, ids, positions, meta)
+        step = widen(ids, positions, meta, 4, runner.kv.scratch_page)
+        widened.append(layout.num_seqs)
+        runner.attention.prepare(step.meta)
+        hidden = runner.model(step.input_ids, step.positions, runner.attention)
+        return hidden.index_select(0, step.rows)
+
+    monkeypatch.setattr(runner, "_run_model", run_widened)
+    prompt = torch.randint(0, 40000, (200,), generator=torch.Generator().manual_seed(3)).tolist()
+    for plan, inputs in _verify_plans(prompt):
+        want = reference.logits(plan, inputs)
+        got = runner.logits(plan, inputs)
+        assert want is not None and got is not None
+        torch.testing.assert_close(got, want, atol=2e-4, rtol=2e-4)
+    assert widened == [3, 3]  # spans of 2 and 4 rows beside a plain decode slot; then 3 of 4
