@@ -2,7 +2,8 @@
 size (``graphs.padded``) and widening its short extends to the verify graph's rows a sequence
 (``widen``) change nothing for its real rows. Each step runs through the torch backend's
 attention both ways: the real rows must come out as they do as given, and the padding may
-write only the pool's scratch page. The replays themselves run on CUDA
+write only the pool's scratch page; and through SmolLM2, a widened step gives the logits of
+the step as laid out. The replays themselves run on CUDA
 (``tests/test_speculative_engine.py``, ``tests/test_gpu_engine.py``)."""
 
 from __future__ import annotations
