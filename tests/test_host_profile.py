@@ -79,7 +79,7 @@ def test_every_process_writes_its_serving_tree_at_exit(model_ready: str, tmp_pat
                 assert sum(line.startswith("data: ") for line in r.iter_lines()) > 24
     # the serving loop of each process, and none of its start-up (the tokenizer's load)
     loops = {
-        "frontend": "engine/server/openai_api.py",  # the handler of the request
+        "frontend": "engine/server/",  # the request's handler or its SSE stream
         "tokenizer0": "run_tokenizer",
         "scheduler0": "SchedulerLoop.run",
         "detokenizer0": "run_detokenizer",
