@@ -3,13 +3,18 @@
 ``upload`` sends every per-step array in one pinned copy (``Staging``): the
 step's token ids and positions, where decode inputs come from the previous
 step's samples, the request slots, the page-table writes and the sampling
-parameters. ``metadata`` applies the page-table writes and gathers the KV
-indices and write slots from the request table on the device.
+parameters. ``metadata`` applies the page-table writes; a step's KV indices
+and write slots then come either with the upload, laid out on the host from
+the plan's page tuples (a step of at most ``HOST_PAGES`` pages: a few numpy
+calls, where the device's gather costs a dozen kernel launches of host time), or
+are gathered from the request table on the device (larger steps, whose page
+lists would cost more host time to lay out and copy than the launches).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from itertools import chain
 
 import numpy as np
 import torch
@@ -19,6 +24,8 @@ from engine.runner.layout import StepLayout
 from engine.runner.staging import Staging
 from engine.runner.table import RequestTable
 from engine.sampling.sampler import SamplingArrays
+
+HOST_PAGES = 4096  # steps of at most this many pages lay out their KV indices on the host
 
 
 @dataclass(frozen=True, slots=True)
@@ -33,6 +40,8 @@ class DeviceStep:
     sample_rows: torch.Tensor  # int64 [S]
     writes: tuple[torch.Tensor, torch.Tensor, torch.Tensor]  # rows, cols, page ids
     sampling: SamplingArrays
+    sourced: int  # rows whose input id comes from the previous step's samples
+    laid_out: tuple[torch.Tensor, torch.Tensor] | None  # (kv_indices, out_slots) from the host
 
     @staticmethod
     def upload(
@@ -44,6 +53,8 @@ class DeviceStep:
         staging: Staging,
     ) -> DeviceStep:
         token_slots = np.repeat(slots, np.diff(layout.qo_indptr))
+        laid_out = host_indices(layout) if int(layout.kv_indptr[-1]) <= HOST_PAGES else None
+        sampled = sampling.host_arrays()
         arrays = [
             layout.input_ids,
             source,
@@ -54,9 +65,11 @@ class DeviceStep:
             token_slots,
             layout.sample_rows,
             *writes,
-            *sampling.host_arrays(),
+            *sampled,
+            *(laid_out or ()),
         ]
         d = staging.upload(arrays)
+        extra = 11 + len(sampled)
         return DeviceStep(
             input_ids=d[0],
             source=d[1],
@@ -67,29 +80,36 @@ class DeviceStep:
             token_slots=d[6],
             sample_rows=d[7],
             writes=(d[8], d[9], d[10]),
-            sampling=sampling.with_arrays(d[11:]),
+            sampling=sampling.with_arrays(d[11:extra]),
+            sourced=int(np.count_nonzero(source >= 0)),
+            laid_out=(d[extra], d[extra + 1]) if laid_out is not None else None,
         )
 
-    def resolve_ids(self, last_tokens: torch.Tensor | None, any_source: bool) -> torch.Tensor:
+    def resolve_ids(self, last_tokens: torch.Tensor | None) -> torch.Tensor:
         """Token ids with the previous step's samples filled in where ``source`` says."""
-        if last_tokens is None or not any_source:
+        if last_tokens is None or not self.sourced:
             return self.input_ids
+        if self.sourced == self.input_ids.shape[0]:  # every row: one gather
+            return last_tokens.index_select(0, self.source)
         last = last_tokens[self.source.clamp(min=0)]
         return torch.where(self.source >= 0, last, self.input_ids)
 
     def metadata(self, layout: StepLayout, table: RequestTable, pinned: bool) -> AttentionMetadata:
         table.apply(*self.writes)
         kv_indptr = layout.kv_indptr
-        kv_indices, out_slots = AttentionMetadata.gather(
-            table.pages,
-            self.slots,
-            self.page_counts,
-            self.kv_indptr,
-            int(kv_indptr[-1]),
-            self.token_slots,
-            self.positions,
-            layout.page_size,
-        )
+        if self.laid_out is not None:
+            kv_indices, out_slots = self.laid_out
+        else:
+            kv_indices, out_slots = AttentionMetadata.gather(
+                table.pages,
+                self.slots,
+                self.page_counts,
+                self.kv_indptr,
+                int(kv_indptr[-1]),
+                self.token_slots,
+                self.positions,
+                layout.page_size,
+            )
         return AttentionMetadata(
             num_prefill=layout.num_prefill,
             qo_indptr=host_tensor(layout.qo_indptr, pinned),
@@ -100,3 +120,21 @@ class DeviceStep:
             out_slots=out_slots,
             page_size=layout.page_size,
         )
+
+
+def host_indices(layout: StepLayout) -> tuple[np.ndarray, np.ndarray]:
+    """``(kv_indices, out_slots)`` of ``layout`` from its page tuples, as
+    ``AttentionMetadata.gather`` finds them in the request table: int32 page ids, int64
+    flat pool slots."""
+    counts = layout.page_counts
+    total = int(counts.sum())
+    kv_indices = np.fromiter(
+        chain.from_iterable(p[:c] for p, c in zip(layout.pages, counts.tolist(), strict=True)),
+        dtype=np.int32,
+        count=total,
+    )
+    seq = np.repeat(np.arange(layout.num_seqs), np.diff(layout.qo_indptr))
+    size = layout.page_size
+    positions = layout.positions
+    page = kv_indices[layout.kv_indptr[seq] + positions // size].astype(np.int64)
+    return kv_indices, page * size + positions % size

@@ -348,7 +348,7 @@ class ModelRunner:
         enqueued = time.time()
         started = self._timing_event()
         step = DeviceStep.upload(layout, source, slots, writes, sampling, self.staging)
-        ids = step.resolve_ids(self._last_tokens, bool((source >= 0).any()))
+        ids = step.resolve_ids(self._last_tokens)
         meta = step.metadata(layout, self.table, self.pinned)
         hidden = self._run_model(layout, ids, step.positions, meta)
         logits = self.model.compute_logits(hidden.index_select(0, step.sample_rows))
