@@ -194,9 +194,9 @@ for part in $parts; do
     spec_profile)  # decode and verify steps (4 drafts) of the Llama-3.1-8B shape, for spec_cross
         run spec_profile 300 python3 -m lab.cli.engine profile --model llama-3.1-8b --dummy-weights \
             --device cuda --tokenizer .gpu/tokenizer --decode-batches 1,4,16,32,64,128 \
-            --decode-contexts 128,1024 --verify-drafts 4 --prefill-tokens 64,512 --prefill-prefixes 0 \
-            --prefill-chunks 512 --mixed-batches 16 --mixed-prefixes 0 --mixed-contexts 1024 \
-            --mixed-prefill 256 --ragged-longest 4096 --repeats 3 --out "$out/spec_profile.csv"
+            --decode-contexts 128,1024 --verify-drafts 4 --prefill-tokens 32,64,512 --prefill-prefixes 0 \
+            --prefill-chunks 1,512 --mixed-batches 16 --mixed-prefixes 0 --mixed-contexts 1024 \
+            --mixed-prefill 32,256 --ragged-longest 4096 --repeats 3 --out "$out/spec_profile.csv"
         ;;
     spec_cross)  # where speculation stops paying: synthetic acceptance at the CPU's copy-heavy rates
         run spec_cross 420 python3 benchmarks/speculative.py --model llama-3.1-8b \

@@ -268,11 +268,17 @@ def test_the_grid_sweeps_num_draft_tokens(tmp_path: Path) -> None:
 def test_the_profile_grid_builds_verify_plans() -> None:
     spec = replace(GridSpec.default("cpu"), decode_batches=(1, 4), decode_contexts=(100, 300),
                    verify_drafts=(2, 3), holdout=8)  # fmt: skip
-    verify = [p for p in spec.points() if p.draft]
+    verify = [p for p in spec.points() if p.draft and not p.prefill]
     assert {(p.draft, len(p.decode), p.decode[0]) for p in verify if p.split == "fit"} == {
         (k, b, c) for k in (2, 3) for b in (1, 4) for c in (100, 300)
     }
     assert any(p.split == "holdout" for p in verify)
+    # a newcomer's chunk beside verify spans: each mixed point once more per K
+    mixed = {(p.draft, p.decode) for p in spec.points() if p.prefill and p.decode}
+    fit_mixed = {(p.draft, p.decode) for p in spec.points() if p.prefill and p.decode
+                 and p.split == "fit" and p.decode[0] == p.decode[-1]}  # fmt: skip
+    assert fit_mixed == {(k, (512,) * b) for k in (0, 2, 3) for b in (4, 16)}
+    assert {k for k, _ in mixed} == {0, 2, 3}
     point = StepPoint((), (100, 300), draft=3)
     assert point.sequence_pages(16) == [7, 19]  # 104 and 304 positions
     plan = point.plan(16)

@@ -22,8 +22,10 @@ PINS = json.loads((ROOT / "tests" / "data" / "replay_pins.json").read_text())
 of the Mooncake trace (strict and overlapped), written before the tables streamed
 (``requests.csv`` re-pinned when it gained the server token columns, its other columns
 checked equal to the earlier file's; the overlapped run re-pinned when the table fit bounded
-the features' coefficients at zero, which moved its figures by at most 0.14 %), priced by
-``PINNED_PROFILE``."""
+the features' coefficients at zero, which moved its figures by at most 0.14 %; both re-pinned
+when the prefill fit gained its term in the rows sampled beside the decodes, which this
+profile's four-chunk prefills tell apart: output throughput -1.6 to -1.8 %, latencies +1.8
+to +2.8 %), priced by ``PINNED_PROFILE``."""
 PINNED_PROFILE = ROOT / "reports/validate_h200/h200_llama-3.1-8b_before_split.csv"
 """The committed H200 profile when the pins were made (the default cost model then)."""
 EXACT_SUMS = {("itl_ms", "mean"), ("replicas", "busy_share")}

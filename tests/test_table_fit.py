@@ -133,18 +133,21 @@ def test_nonnegative_tail_lstsq_is_the_bounded_optimum(
         assert (abs(g) <= tol) if c > 0 else (g >= -tol)
 
 
-def test_prefill_fit_prices_a_step_of_many_prompts_by_its_tokens() -> None:
+def test_prefill_fit_prices_a_step_of_many_prompts_by_its_tokens_and_prompts() -> None:
     """One-sequence prefills cannot tell query-key pairs from tokens; a dearer two-prompt row
-    then pulled the pairs' coefficient below zero, and four prompts off the grid paid twice
-    (33 % over the tokens' price)."""
+    once pulled the pairs' coefficient below zero, and four prompts off the grid paid twice
+    (33 % over the tokens' price). What the second prompt cost is now the sampled rows'
+    term: four prompts pay their tokens and three times that."""
     prefills = [shape_of(StepPoint(((0, n),), ())) for n in (32, 128, 512, 1024)]
     rows = [row(s, 0.1 + 2e-3 * s.prefill_tokens) for s in prefills]
     two = shape_of(StepPoint(((0, 256), (0, 256)), ()))
     rows.append(row(two, 1.1 * (0.1 + 2e-3 * 512)))
     table = TableCostModel(Profile("prefill.csv", {}, rows))
-    assert all(c >= 0 for c in table.wall.prefill.fit.coef[-3:])
+    assert all(c >= 0 for c in table.wall.prefill.fit.coef[-2:])
+    assert table.wall.prefill.group.extras == ("prefill_attention", "extend_sampled")
     four = shape_of(StepPoint(((0, 468), (0, 536), (0, 250), (0, 304)), ()))
-    assert table.step_time(four) == pytest.approx(0.1 + 2e-3 * 1558, rel=0.1)
+    second = 0.1 * (0.1 + 2e-3 * 512)
+    assert table.step_time(four) == pytest.approx(0.1 + 2e-3 * 1558 + 3 * second, rel=0.01)
 
 
 def padded_time(shape: StepShape) -> float:
@@ -249,3 +252,38 @@ def test_verify_steps_have_their_own_fit_where_the_profile_measured_them() -> No
     # without verify rows the prefill fit prices verify steps, as before
     assert plain.step_time(verifies[0]) == pytest.approx(table.wall.prefill.time(verifies[0]))
     assert "verify" in table.describe()["fit"]  # type: ignore[operator]
+
+
+def extend_time(shape: StepShape) -> float:
+    """A torch-backend-like step with prefill: every sampled extend row (a chunk's last, each
+    row of a verify span) costs as much as 100 prefill tokens."""
+    tokens = shape.prefill_tokens + shape.decode_requests
+    return prefill_time(shape) + 2e-5 * tokens + 2e-3 * shape.extend_sampled
+
+
+def test_a_chunk_beside_verify_spans_is_priced_from_rows_of_that_kind() -> None:
+    rows = [row(s, extend_time(s)) for s in (shape_of(StepPoint(((0, n),), ()))
+                                              for n in (32, 128, 512, 1024))]  # fmt: skip
+    mixed = [StepPoint(((0, n),), (512,) * b) for n in (32, 128, 512) for b in (4, 16)]
+    rows += [row(shape_of(p), extend_time(shape_of(p))) for p in mixed]
+    plain = TableCostModel(Profile("plain.csv", {"hardware": "synthetic"}, rows))
+    drafted = [StepPoint(p.prefill, p.decode, draft=4) for p in mixed]
+    rows += [row(shape_of(p), extend_time(shape_of(p))) for p in drafted]
+    table = TableCostModel(Profile("spec.csv", {"hardware": "synthetic"}, rows))
+    newcomer = shape_of(StepPoint(((0, 64),), (300,) * 8, draft=4))  # off the grid
+    assert newcomer.extend_sampled == 41 and newcomer.decode_requests == 0
+    assert table.step_time(newcomer) == pytest.approx(extend_time(newcomer), rel=0.05)
+    # the drafted rows prefill one sequence alone no more than mixed rows do: no knots of
+    # theirs bend the prefills' spine (prefills off the grid err as much as without them)
+    for n in (80, 300, 700):
+        prompt = shape_of(StepPoint(((0, n),), ()))
+        truth = extend_time(prompt)
+        assert (
+            abs(table.step_time(prompt) / truth - 1)
+            < abs(plain.step_time(prompt) / truth - 1) + 0.01
+        )
+    # a profile whose rows all sample one extend row cannot price the term: it is left out,
+    # and the newcomer's step is priced as a prefill of as many tokens
+    assert "extend_sampled" in table.describe()["fit"]["prefill"]["extras"]  # type: ignore[index]
+    assert "extend_sampled" not in plain.describe()["fit"]["prefill"]["extras"]  # type: ignore[index]
+    assert plain.step_time(newcomer) < 0.8 * extend_time(newcomer)

@@ -42,6 +42,12 @@ class StepShape:
     prefill_attention: int
     sampled: int
 
+    @property
+    def extend_sampled(self) -> int:
+        """Sampled rows of the prefill chunks and verify spans (``sampled`` less the decodes):
+        a chunk samples its last row at most, a verify span every row."""
+        return self.sampled - self.decode_requests
+
     @staticmethod
     def of_plan(plan: Plan) -> StepShape:
         prefill_tokens = prefill_context = attention = sampled = 0

@@ -18,7 +18,9 @@ planned apart, or cut into pieces and run eagerly: a ``ragged_longest`` on each
 side of that length measures both). Verify steps (speculative decoding) cross
 ``verify_drafts`` with the decode batches and contexts: every decode slot
 carries that many draft tokens, which the runner lays out as an extend of
-``1 + draft`` tokens at its context (none by default). Held-out points are
+``1 + draft`` tokens at its context (none by default); the mixed points, too,
+come once more per ``verify_drafts`` with drafted slots (a newcomer's chunk
+prefilled beside verify spans, a step no CUDA graph replays). Held-out points are
 drawn at random inside the same ranges, each request its own context (seeded);
 the ``table`` fit never sees them, so its error on them is an honest estimate of
 its error between grid points.
@@ -164,6 +166,10 @@ class GridSpec:
                 for batch in self.mixed_batches:
                     for context in self.mixed_contexts:
                         out.append(StepPoint(((prefix, tokens),), (context,) * batch))
+                        out += [
+                            StepPoint(((prefix, tokens),), (context,) * batch, draft=draft)
+                            for draft in self.verify_drafts
+                        ]
                     out += [StepPoint(((prefix, tokens),), r) for r in self.ragged(batch)]
         return list(dict.fromkeys(out)) + self.holdout_points()
 
@@ -175,7 +181,7 @@ class GridSpec:
 
     def holdout_points(self) -> list[StepPoint]:
         """Random points inside the grid's ranges: a third each decode, prefill, mixed (a
-        quarter each and verify, with ``verify_drafts``)."""
+        quarter each and verify, with ``verify_drafts``, every other mixed one drafted)."""
         rng = random.Random(self.seed)
         out: list[StepPoint] = []
 
@@ -206,5 +212,8 @@ class GridSpec:
                     else self.mixed_prefixes[0]
                 )
                 prefill = ((prefix, between(self.mixed_prefill)),)
-                out.append(StepPoint(prefill, contexts(self.mixed_batches), "holdout"))
+                turn = i // kinds  # no draw: a grid without verify drafts keeps its points
+                drafts = self.verify_drafts
+                draft = drafts[turn // 2 % len(drafts)] if drafts and turn % 2 else 0
+                out.append(StepPoint(prefill, contexts(self.mixed_batches), "holdout", draft))
         return out

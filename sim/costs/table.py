@@ -10,12 +10,18 @@ Three groups of a profile's step rows (of the configured TP degree) get one
   most twofold, so it pays a share of it). On a GPU with CUDA graphs a decode step
   runs the graph of the next captured batch size, so its time is a step
   function of the batch size; a knot at every measured batch size follows it.
-- steps with prefill (pure or mixed with decodes): spine = tokens in the step
-  (prefill tokens + decode requests; knots at the pure-prefill rows), plus
-  terms in the prefill's query-key pairs and the decodes' context (plain and
-  padded). Terms in the number of decode requests or of sampled rows would
-  repeat the spine; with the few mixed rows a profile has they made the fit
-  wild on held-out mixed steps (up to 5x off on the H200 profile).
+- steps with prefill (pure or mixed with decodes or verify spans): spine = tokens
+  in the step (prefill tokens + decode requests; knots at the rows that prefill
+  one sequence alone), plus terms in the prefill's query-key pairs, the decodes'
+  context (plain and padded) and the rows sampled beside the decodes
+  (``extend_sampled``: a chunk's last row, every row of a verify span). That last
+  term tells a newcomer's chunk prefilled beside verify spans (speculative
+  decoding) from a prefill of as many tokens: on the CPU each span costs about
+  as much as a chunk of many tokens, and without it a profile's rows of that
+  kind, as knots, bent the spine and put held-out prefills 23 % off. A term in
+  the number of decode requests would repeat the spine; with the few mixed rows
+  a profile has it made the fit wild on held-out mixed steps (up to 5x off on
+  the H200 profile).
 - verify steps (speculative decoding: every row of every extend sampled, as a
   slot's token and its drafts are): spine = tokens in the step (knots at every
   row), plus a term in the query-key pairs. A verify step of n slots runs n
@@ -26,6 +32,10 @@ Three groups of a profile's step rows (of the configured TP degree) get one
 A group the profile lacks is priced by another's fit (verify by prefill, prefill
 and decode by each other). No step is predicted faster than the fastest measured
 step of its group.
+
+A term whose feature the group's rows do not vary (the rows sampled beside the
+decodes, where a profile measures no verify spans and prefills one chunk at a
+time) is left out: the intercept is all the rows can tell of it.
 
 Each group is fitted twice: to the rows' wall times (``step_time``: the step
 as the strict loop runs it) and to their device times (``device_time``: the
@@ -42,7 +52,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -61,7 +71,7 @@ class StepGroup:
     name: str
     spine: tuple[str, ...]  # summed into the spine variable
     extras: tuple[str, ...]
-    spine_from_pure: bool  # knots only at rows without decode requests
+    spine_from_pure: bool  # knots only at rows that prefill one sequence alone
 
     def spine_of(self, shape: StepShape) -> int:
         """The spine variable of ``shape``: the sum of its ``spine`` fields."""
@@ -69,6 +79,11 @@ class StepGroup:
 
     def extras_of(self, shape: StepShape) -> tuple[int, ...]:
         return tuple(getattr(shape, f) for f in self.extras)
+
+    def varying(self, shapes: list[StepShape]) -> StepGroup:
+        """This group less the extras that take one value over ``shapes``."""
+        keep = tuple(f for f in self.extras if len({getattr(s, f) for s in shapes}) > 1)
+        return self if keep == self.extras else replace(self, extras=keep)
 
     def columns(self, shapes: list[StepShape]) -> tuple[np.ndarray, np.ndarray]:
         x = np.array([sum(getattr(s, f) for f in self.spine) for s in shapes], dtype=np.float64)
@@ -82,7 +97,7 @@ DECODE = StepGroup("decode", ("decode_requests",), ("decode_context", "decode_pa
 PREFILL = StepGroup(
     "prefill",
     ("prefill_tokens", "decode_requests"),
-    ("prefill_attention", "decode_context", "decode_padded"),
+    ("prefill_attention", "decode_context", "decode_padded", "extend_sampled"),
     True,
 )
 GROWING = ("decode_context", "decode_padded")
@@ -135,9 +150,14 @@ class GroupFit:
     def of(group: StepGroup, rows: list[ProfileRow], measure: str = "wall") -> GroupFit:
         """The fit to ``rows``' ``measure``: wall, device or launch times."""
         shapes = [r.shape for r in rows]
+        group = group.varying(shapes)
         x, extras = group.columns(shapes)
         y = np.array([MEASURES[measure](r) for r in rows], dtype=np.float64)
-        pure = np.array([s.decode_requests == 0 for s in shapes]) if group.spine_from_pure else None
+        pure = (
+            np.array([s.decode_requests == 0 and s.extend_sampled <= 1 for s in shapes])
+            if group.spine_from_pure
+            else None
+        )
         return GroupFit(group, PiecewiseFit.fit(x, extras, y, pure), float(y.min()))
 
     def time(self, shape: StepShape) -> float:
