@@ -34,7 +34,9 @@ over plain tokens/s) and the acceptance rate in both worlds, and the simulator's
 errors. Servers and simulator run without the prefix cache (each workload is sent once per C
 to the same server); the simulated servers overlap scheduling as the real ones' cards say.
 Per speculating run, both worlds' step records give how many draft tokens a verify step
-carried on average. Writes ``--json`` (``reports/speculative/speculative_cpu.json``).
+carried on average; per real run, the profile's model prices the steps it recorded, per kind
+(decodes, verify steps, chunks prefilled beside verify spans, the rest: ``steps_priced``),
+so a simulated speed-up's error can be traced to a kind of step. Writes ``--json`` (``reports/speculative/speculative_cpu.json``).
 ``--resimulate JSON`` runs no server: it simulates a saved run's requests again with
 today's simulator (the run's profile, or ``--profile``).
 
@@ -341,7 +343,7 @@ def main() -> None:
     servers = {}
     for k in [0, *args.k]:
         print(f"server K={k}" if k else "server plain", flush=True)
-        servers[k] = run_server(args, k, workloads)
+        servers[k] = run_server(args, k, workloads, None if costs is None else costs[0])
     args.overlap = servers[0]["overlap"]  # the simulated servers schedule as the real ones
     settings = {
         key: getattr(args, key)

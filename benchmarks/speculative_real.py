@@ -4,8 +4,9 @@ Each server (plain, then ``--speculative METHOD --num-draft-tokens K``) is warme
 up, then serves every workload once per concurrency C as a closed loop (C
 clients, each sending the next request when its last one finished). Measured
 per request (client side): TTFT, TPOT, E2E, output tokens/s and the output
-tokens (their log-probs' bytes); per run: output tokens/s over its span and
-the acceptance from the deltas of ``/metrics``.
+tokens (their log-probs' bytes); per run: output tokens/s over its span,
+the acceptance from the deltas of ``/metrics`` and, given a cost model, its
+price of the run's recorded steps per kind.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from typing import Any
 
 import httpx
 from serving_load import scrape, served, wait_idle
-from speculative_sim import acceptance_figures, throughput, verify_steps
+from speculative_sim import acceptance_figures, priced_steps, throughput, verify_steps
 
 from lab.bench.server import server_info
 from schema.steprecord import read_step_record
@@ -169,9 +170,10 @@ def speculative_args(args: argparse.Namespace, k: int) -> tuple[str, ...]:
 
 
 def run_server(
-    args: argparse.Namespace, k: int, workloads: dict[str, list[Prompt]]
+    args: argparse.Namespace, k: int, workloads: dict[str, list[Prompt]], gpu: Any = None
 ) -> dict[str, Any]:
-    """One server (K = 0: plain): every workload at every concurrency, in order."""
+    """One server (K = 0: plain): every workload at every concurrency, in order; with a
+    cost model ``gpu``, each run's recorded steps priced by it (``steps_priced``)."""
     tokenizer = ("--tokenizer", args.tokenizer) if args.tokenizer else ()
     spec = speculative_args(args, k) if k else ()
     record = (args.out_dir / f"steps_k{k}.csv").resolve()
@@ -198,11 +200,16 @@ def run_server(
                 print(
                     f"  {name} C={c} K={k}: {runs[name, c]['tokens_per_s']:.1f} tok/s", flush=True
                 )
-    if k:
-        steps = read_step_record(record)
-        for key, (began, ended) in windows.items():
-            mine = steps[(steps["launched"] >= began) & (steps["launched"] <= ended)]
+    steps = read_step_record(record)
+    for key, (began, ended) in windows.items():
+        mine = steps[(steps["launched"] >= began) & (steps["launched"] <= ended)]
+        if k:
             runs[key]["spec"]["verify_steps"] = verify_steps(mine)
+        if gpu is not None:
+            runs[key]["steps_priced"] = priced = priced_steps(mine, gpu)
+            errors = ", ".join(f"{kind} {row['error']:+.1%} ({row['steps']})"
+                               for kind, row in priced.items())  # fmt: skip
+            print(f"  {key[0]} C={key[1]} K={k}, the model on the recorded steps: {errors}")
     return {"command": "engine serve " + " ".join(serve_args), "runs": runs, "overlap": overlap}
 
 

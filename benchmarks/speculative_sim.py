@@ -9,7 +9,8 @@ acceptance model, that run's measurement: the histogram of accepted draft
 tokens per verify slot and the share of decode slots that carried a draft
 (``/metrics``), once per seed (``seed_means`` averages them). Also the figures
 both sides are reduced to: output tokens/s, the acceptance, the speed-up and
-relative errors.
+relative errors; and the model's price of each real run's recorded steps, per kind
+(``priced_steps``).
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ import numpy as np
 from schema.traces.record import Trace, TraceRequest
 from sim.config import build_config
 from sim.costs.committed import profile_dtype
+from sim.costs.recorded import shapes_of
 from sim.replay import run_replay
 
 PROFILE_GRID = (
@@ -71,6 +73,51 @@ def verify_steps(steps: Any) -> dict[str, float]:
     verify = steps[steps["draft_tokens"] > 0]
     mean = float(verify["draft_tokens"].mean()) if len(verify) else float("nan")
     return {"steps": len(verify), "mean_draft_tokens": mean}
+
+
+STEP_KINDS = ("decode", "verify", "chunk beside verify", "prefill or mixed")
+"""The kinds of a speculating run's recorded steps that ``priced_steps`` tells apart."""
+
+
+def priced_steps(steps: Any, gpu: Any) -> dict[str, dict[str, float]]:
+    """A run's recorded steps against the cost model's price of their shapes, per kind: pure
+    decodes, verify steps (every row sampled), steps that prefill a chunk beside verify spans,
+    the rest. Recorded: the device time where the record has one (CUDA), else the forward's
+    (``launched - enqueued``: on CPU the forward runs inside the launch); modelled: the model's
+    device time, or step time, of each shape. Per kind: the steps, both times summed (ms)
+    and the model's error on the sum."""
+    if not len(steps):
+        return {}
+    device = steps["device_ms"].to_numpy(np.float64) / 1e3
+    on_device = bool(np.isfinite(device).any())
+    forward = (steps["launched"] - steps["enqueued"]).to_numpy(np.float64)
+    recorded = device if on_device else forward
+    price = gpu.device_time if on_device else gpu.step_time
+    # a plain server's record has no draft column
+    drafted = (
+        steps["draft_tokens"].to_numpy() > 0 if "draft_tokens" in steps else [False] * len(steps)
+    )
+    kinds, modelled = [], []
+    for shape, draft in zip(shapes_of(steps), drafted, strict=True):
+        modelled.append(price(shape))
+        if not shape.prefill_tokens:
+            kinds.append("decode")
+        elif not draft:
+            kinds.append("prefill or mixed")
+        elif shape.sampled == shape.prefill_tokens + shape.decode_requests:
+            kinds.append("verify")
+        else:
+            kinds.append("chunk beside verify")
+    kind, model = np.array(kinds), np.array(modelled)
+    out = {}
+    for name in STEP_KINDS:
+        m = (kind == name) & np.isfinite(recorded)
+        if m.any():
+            total = float(recorded[m].sum())
+            out[name] = {"steps": int(m.sum()), "recorded_ms": total * 1e3,
+                         "model_ms": float(model[m].sum()) * 1e3,
+                         "error": float(model[m].sum()) / total - 1}  # fmt: skip
+    return out
 
 
 def think_gaps(sent: list[float], finished: list[float], concurrency: int) -> list[float]:

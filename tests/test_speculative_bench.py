@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import pandas as pd
 import pytest
 from prometheus_client import CollectorRegistry, generate_latest
 
@@ -30,6 +31,7 @@ from speculative_real import acceptance_delta, accepted_histogram, differences, 
 from speculative_sim import (
     acceptance_figures,
     closed_loop_arrivals,
+    priced_steps,
     relative_error,
     seed_means,
     speedup,
@@ -37,8 +39,14 @@ from speculative_sim import (
     throughput,
 )
 
+from core.scheduler.shape import StepShape
 from engine.ipc.messages import SpeculativeStats
 from engine.server.speculative_metrics import SpeculativeCollector
+from lab.profile.grid import StepPoint
+from schema.steprecord import SHAPE_COLUMNS
+from sim.costs import TableCostModel, read_profile
+
+ROOT = Path(__file__).resolve().parents[1]
 
 
 def scraped(
@@ -196,3 +204,38 @@ def test_synthetic_servers_get_their_flags_and_skip_the_output_check() -> None:
     assert one_case(ngram, None, None, plain, spec, "chat", 4, 2)["real"]["differences"] == [
         {"request": 0, "first_difference": 0}
     ]
+
+
+def test_recorded_steps_are_priced_per_kind() -> None:
+    """Decodes, verify steps, a chunk beside verify spans and a plain prefill, each recorded
+    slower or faster than the model by a known factor: the error per kind is that factor's
+    inverse; a record with device times is set against the model's device times."""
+    model = TableCostModel(read_profile(ROOT / "reports/speculative/profile_crossover_cpu.csv"))
+    points = {
+        "decode": (StepPoint((), (100,) * 4), 1.0),
+        "verify": (StepPoint((), (100,) * 4, draft=4), 1.25),
+        "chunk beside verify": (StepPoint(((0, 40),), (100,) * 4, draft=4), 0.8),
+        "prefill or mixed": (StepPoint(((0, 64),), ()), 2.0),
+    }
+    rows = []
+    for point, factor in points.values():
+        shape = StepShape.of_plan(point.plan(16))
+        rows.append({**{c: getattr(shape, c) for c in SHAPE_COLUMNS}, "enqueued": 10.0,
+                     "launched": 10.0 + factor * model.step_time(shape), "device_ms": float("nan"),
+                     "draft_tokens": 16 if point.draft else 0})  # fmt: skip
+    record = pd.DataFrame(rows)
+    priced = priced_steps(record, model)
+    assert list(priced) == list(points)
+    for kind, (_, factor) in points.items():
+        assert priced[kind]["steps"] == 1
+        assert priced[kind]["error"] == pytest.approx(1 / factor - 1)
+    # a plain server's record (no draft column) has no verify kinds
+    assert list(priced_steps(record.drop(columns="draft_tokens"), model)) == [
+        "decode",
+        "prefill or mixed",
+    ]
+    shapes = [StepShape(*(int(record.loc[i, c]) for c in SHAPE_COLUMNS)) for i in range(4)]
+    on_device = record.assign(device_ms=[2e3 * model.device_time(s) for s in shapes])
+    assert all(
+        row["error"] == pytest.approx(-0.5) for row in priced_steps(on_device, model).values()
+    )
