@@ -36,7 +36,8 @@ to the same server); the simulated servers overlap scheduling as the real ones' 
 Per speculating run, both worlds' step records give how many draft tokens a verify step
 carried on average; per real run, the profile's model prices the steps it recorded, per kind
 (decodes, verify steps, chunks prefilled beside verify spans, the rest: ``steps_priced``),
-so a simulated speed-up's error can be traced to a kind of step. Writes ``--json`` (``reports/speculative/speculative_cpu.json``).
+so a simulated speed-up's error can be traced to a kind of step. Writes ``--json``
+(``reports/speculative/speculative_cpu.json``).
 ``--resimulate JSON`` runs no server: it simulates a saved run's requests again with
 today's simulator (the run's profile, or ``--profile``).
 
