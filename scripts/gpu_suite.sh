@@ -24,6 +24,9 @@
 #   spec_cross  speculative decoding's speed-up per concurrency (1,4,16,64: $SPEC_CONCURRENCY) with
 #             synthetic acceptance at the CPU's copy-heavy per-position rates ($SPEC_RATES), real
 #             against simulated with $SPEC_PROFILE (default OUT_DIR/spec_profile.csv)
+#   coldlaunch  how long eager steps (prefills, mixed, a chunk beside verify spans) hold the host
+#             when each plan is timed once between others (cold.csv) against repeated back to
+#             back (warm.csv), Llama-3.1-8B shape: `sim profile compare --measure launch`
 #   overlap   idle GPU time between decode steps, overlap on and off
 #   attribution  `sim validate` with the engine's step record (error attribution) on the
 #             Azure conversation trace, a busy window of the code trace and three long-prompt
@@ -205,6 +208,18 @@ for part in $parts; do
             --workloads chat --requests 32 --max-tokens 64 --k 4 \
             --concurrency "${SPEC_CONCURRENCY:-1,4,16,64}" --profile "${SPEC_PROFILE:-$out/spec_profile.csv}" \
             --out-dir "$out/spec" --json "$out/spec_cross.json"
+        ;;
+    coldlaunch)  # serving launches an eager step between graph replays; the profile, back to back
+        grid=(--model llama-3.1-8b --dummy-weights --device cuda --tokenizer .gpu/tokenizer
+            --decode-batches 1,16 --decode-contexts 1024 --verify-drafts 4 --prefill-tokens 32,64,512
+            --prefill-prefixes 0 --prefill-chunks 1 --mixed-batches 16 --mixed-prefixes 0
+            --mixed-contexts 1024 --mixed-prefill 32,256 --holdout 24 --no-cpu-stages)
+        run cold 200 python3 -m lab.cli.engine profile "${grid[@]}" --repeats 1 --warmup 0 \
+            --out "$out/cold.csv"
+        run warm 200 python3 -m lab.cli.engine profile "${grid[@]}" --repeats 3 --warmup 1 \
+            --out "$out/warm.csv"
+        python3 -m lab.cli.sim profile compare --base "$out/cold.csv" --new "$out/warm.csv" \
+            --measure launch | tee "$out/coldlaunch.md"
         ;;
     overlap) run overlap 300 python3 benchmarks/gpu/overlap.py --out "$out/overlap.json" ;;
     attribution)  # sim validate with the engine's step record: three traces, three loads each

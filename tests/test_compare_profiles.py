@@ -11,10 +11,10 @@ from lab.cli.sim import main as sim_main
 from sim.costs.profile import ProfileRow, write_profile
 
 
-def profile(path: Path, seconds: dict[int, float]) -> Path:
-    """A profile of decode plans (batch -> seconds)."""
+def profile(path: Path, seconds: dict[int, float], launch: float | None = None) -> Path:
+    """A profile of decode plans (batch -> seconds), each launched in ``launch`` seconds."""
     rows = [
-        ProfileRow("decode", StepShape.decode(b, 1000 * b, 1000), 1, s, s, s, 3)
+        ProfileRow("decode", StepShape.decode(b, 1000 * b, 1000), 1, s, s, s, 3, "fit", s, launch)
         for b, s in seconds.items()
     ]
     write_profile(
@@ -55,3 +55,19 @@ def test_unpaired_passes_another_grid_or_no_file_are_refused(
     code, out, err = run(capsys, "--base", a, "--new", tmp_path / "none.csv")
     assert code == 2 and not out and err.startswith("sim profile compare: error: ")
     assert "no such profile file" in err and len(err.splitlines()) == 1
+
+
+def test_launch_times_compare_as_wall_times_do(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """An eager step's launch, repeated (warm) against once between other plans (cold)."""
+    warm = profile(tmp_path / "warm.csv", {8: 0.2, 16: 0.4}, launch=0.008)
+    cold = profile(tmp_path / "cold.csv", {8: 0.2, 16: 0.4}, launch=0.016)
+    code, out, err = run(capsys, "--base", cold, "--new", warm, "--measure", "launch")
+    assert code == 0, err
+    assert "2 plans: base / new 2.00" in out
+    code, out, _ = run(capsys, "--base", cold, "--new", warm)
+    assert "2 plans: base / new 1.00" in out
+    unlaunched = profile(tmp_path / "none.csv", {8: 0.2, 16: 0.4})
+    code, _, err = run(capsys, "--base", unlaunched, "--new", warm, "--measure", "launch")
+    assert code == 2 and "has no launch times" in err

@@ -7,7 +7,9 @@ machine whose speed drifts over the hour moves both sides of a pair alike.
 Prints a Markdown table, one row per plan of the first base profile (by kind and
 size): its time in each profile (ms), base over new per pair, their median; then
 the geometric mean of the medians and their range. A plan that a profile lacks
-is an error: the two engines did not run the same grid.
+is an error: the two engines did not run the same grid. ``--measure`` picks the
+time compared: the step's wall time (default), its device time, or its launch
+(how long it held the host: an eagerly run step's launch bounds its device time).
 """
 
 from __future__ import annotations
@@ -23,14 +25,25 @@ from lab.tools import add_tool
 from sim.costs.profile import Profile, ProfileError, read_profile
 
 Plan = tuple[str, StepShape, int]
+MEASURES = {
+    "wall": lambda row: row.duration_s,
+    "device": lambda row: row.device_time,
+    "launch": lambda row: row.launch_s,
+}
 HELP = "two engines' profiles of one grid, pair by pair: the speed-up per plan"
 EXAMPLE = """example:
   sim profile compare --base PREV1.csv PREV2.csv PREV3.csv --new NEW1.csv NEW2.csv NEW3.csv"""
 
 
-def step_times(profile: Profile) -> dict[Plan, float]:
-    """Each step plan's (kind, shape, TP degree) measured time, seconds."""
-    return {(row.kind, row.shape, row.tp): row.duration_s for row in profile.steps}
+def step_times(profile: Profile, measure: str = "wall") -> dict[Plan, float]:
+    """Each step plan's (kind, shape, TP degree) measured ``measure`` time, seconds."""
+    times = {}
+    for row in profile.steps:
+        time = MEASURES[measure](row)
+        if time is None:
+            raise ProfileError(f"{profile.path} has no {measure} times")
+        times[row.kind, row.shape, row.tp] = time
+    return times
 
 
 def describe(kind: str, shape: StepShape) -> str:
@@ -58,12 +71,15 @@ def order(plan: Plan) -> tuple[str, int, int, int, int]:
             shape.context_tokens)  # fmt: skip
 
 
-def compare(base: list[Profile], new: list[Profile]) -> tuple[list[str], list[float]]:
+def compare(
+    base: list[Profile], new: list[Profile], measure: str = "wall"
+) -> tuple[list[str], list[float]]:
     """The table's lines and each plan's median ratio (base time over new time)."""
     if len(base) != len(new) or not base:
         raise ProfileError(f"pairs need as many --base as --new profiles, got {len(base)} and "
                            f"{len(new)}")  # fmt: skip
-    base_times, new_times = [step_times(p) for p in base], [step_times(p) for p in new]
+    base_times = [step_times(p, measure) for p in base]
+    new_times = [step_times(p, measure) for p in new]
     lines = [
         "| plan | base (ms) | new (ms) | base / new, per pair | median |",
         "|---|---|---|---|---|",
@@ -91,6 +107,8 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     p = add_tool(sub, "compare", help=HELP, doc=__doc__, example=EXAMPLE)
     p.add_argument("--base", type=Path, nargs="+", required=True, help="the baseline's passes")
     p.add_argument("--new", type=Path, nargs="+", required=True, help="the change's, in order")
+    p.add_argument("--measure", choices=tuple(MEASURES), default="wall",
+                   help="the time compared: wall, device or launch (default wall)")  # fmt: skip
     p.set_defaults(func=run)
 
 
@@ -98,7 +116,7 @@ def run(args: argparse.Namespace) -> int:
     try:
         base = [read_profile(path) for path in args.base]
         new = [read_profile(path) for path in args.new]
-        lines, medians = compare(base, new)
+        lines, medians = compare(base, new, args.measure)
         if not medians:
             raise ProfileError("the profiles hold no step rows")
     except ProfileError as exc:
