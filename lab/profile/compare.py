@@ -23,13 +23,9 @@ from pathlib import Path
 from core.scheduler.shape import StepShape
 from lab.tools import add_tool
 from sim.costs.profile import Profile, ProfileError, read_profile
+from sim.costs.table import MEASURES
 
 Plan = tuple[str, StepShape, int]
-MEASURES = {
-    "wall": lambda row: row.duration_s,
-    "device": lambda row: row.device_time,
-    "launch": lambda row: row.launch_s,
-}
 HELP = "two engines' profiles of one grid, pair by pair: the speed-up per plan"
 EXAMPLE = """example:
   sim profile compare --base PREV1.csv PREV2.csv PREV3.csv --new NEW1.csv NEW2.csv NEW3.csv"""
@@ -40,7 +36,7 @@ def step_times(profile: Profile, measure: str = "wall") -> dict[Plan, float]:
     times = {}
     for row in profile.steps:
         time = MEASURES[measure](row)
-        if time is None:
+        if math.isnan(time):
             raise ProfileError(f"{profile.path} has no {measure} times")
         times[row.kind, row.shape, row.tp] = time
     return times
