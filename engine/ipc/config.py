@@ -78,7 +78,8 @@ class ServeConfig:
     With ``scheduler.role`` ``prefill`` or ``decode`` (``--role``) the server is one half of
     a prefill/decode pair (``engine.scheduler_proc.pd``): a decode server's scheduler binds
     its hand-off socket and KV receiver on ``pd_host`` and reports their addresses
-    (``handoff_addr``, ``kv_addr``); ``pd_timeout`` bounds every wait of a hand-off.
+    (``handoff_addr``, ``kv_addr``); ``pd_timeout`` bounds every wait of a hand-off;
+    ``pd_cuda_ipc`` lets a prefill server on the same GPU hand its pages over through CUDA IPC.
 
     ``layout`` says which process tokenizes and detokenizes (``engine.launch.launcher``
     spawns the children it needs; ``engine.ipc.messages`` draws each layout's paths).
@@ -184,6 +185,11 @@ class ServeConfig:
         "request, the decode server's answer, the KV's acknowledgment or landing) before the "
         "request fails",
         parse=positive_float,
+    )
+    pd_cuda_ipc: bool = setting(
+        True,
+        "--role decode on a GPU: take the KV of a prefill server on the same GPU through CUDA "
+        "IPC (a device-to-device copy out of its pool); off, or between GPUs: through host memory",
     )
     handoff_addr: str = derived("", "--role decode: where its scheduler takes hand-offs")
     kv_addr: str = derived("", "--role decode: where its scheduler's KV receiver listens")

@@ -181,11 +181,13 @@ class TransferStats(msgspec.Struct, frozen=True):
     """KV transfers of a prefill or decode scheduler so far (``engine.scheduler_proc.pd``):
     ended transfers by status (``ok``, ``timeout``, ``refused``, ``mismatch``), the bytes
     and seconds of the ``ok`` ones (sent, or received), and now: the hand-offs open (waiting
-    for their other half, an answer or their KV) and the pages held for transfer."""
+    for their other half, an answer or their KV) and the pages held for transfer.
+    ``cuda_ipc``: of the ``ok`` ones, those that went device to device through CUDA IPC."""
 
     ended: dict[str, int] = {}
     nbytes: int = 0
     seconds: float = 0.0
+    cuda_ipc: int = 0
     open_handoffs: int = 0
     pages_in_transfer: int = 0
 

@@ -39,11 +39,12 @@ Failure:
   refused at once rather than held. A transfer whose header does not match the pool or the
   expectation is refused as ``mismatch`` and ends the expectation.
 
-Not here yet: CUDA IPC between processes on one GPU (a device-to-device copy through shared
-memory handles, no host hop) and RDMA across hosts are separate, future paths; the
-accelerator path here stages through host memory (a prefill and a decode server sharing
-one H100 moved their pages this way with output identical to a colocated server's,
-``reports/disaggregation/``).
+Two paths for the bytes. When the receiver says it runs on the sender's GPU (``send``'s
+``peer_device``, the receiver's ``device``), the pages stay in the sender's pool and the
+receiver copies them out device to device through CUDA IPC (``engine.kvcache.cuda_ipc``),
+acknowledging once its copy has completed (a later ``poll``); a ``cancel`` while that copy
+runs waits for it, so no page is written after its request let it go. Otherwise they go
+through host memory, as above (between GPUs, or hosts; RDMA is a future path).
 """
 
 from __future__ import annotations
@@ -57,10 +58,13 @@ from dataclasses import dataclass
 import torch
 import zmq
 
+from engine.kvcache.cuda_ipc import PoolOpener, PoolShare, device_uuid
 from engine.kvcache.pool import KVPool
 from engine.kvcache.transfer_wire import (
+    CudaSource,
     Status,
     TransferAck,
+    TransferHeader,
     TransferResult,
     check_pages,
     decode_ack,
@@ -87,11 +91,30 @@ class _Outgoing:
     n_tokens: int
     began: float
     deadline: float
-    data: torch.Tensor  # the staged pages, alive until the transfer ends
+    data: torch.Tensor | torch.cuda.Event  # the staged pages, or the IPC event: alive till the end
 
     def result(self, ack: TransferAck, seconds: float) -> TransferResult:
+        ipc = not isinstance(self.data, torch.Tensor)
         return TransferResult(
-            ack.transfer_id, ack.status, self.pages, self.nbytes, seconds, self.n_tokens, ack.detail
+            ack.transfer_id, ack.status, self.pages, self.nbytes, seconds, self.n_tokens,
+            ack.detail, ipc,
+        )  # fmt: skip
+
+
+@dataclass(slots=True)
+class _Landing:
+    """A CUDA IPC copy in flight on the receiver, acknowledged once ``landed`` completes."""
+
+    identity: zmq.Frame
+    header: TransferHeader
+    pages: int
+    began: float
+    landed: torch.cuda.Event
+
+    def result(self, now: float) -> TransferResult:
+        h, seconds = self.header, now - self.began
+        return TransferResult(
+            h.transfer_id, "ok", self.pages, h.nbytes, seconds, h.n_tokens, cuda_ipc=True
         )
 
 
@@ -103,6 +126,8 @@ class KVSender:
         self.timeout_s = timeout_s
         self._ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context()
         self._pending: dict[str, _Outgoing] = {}
+        self._share: PoolShare | None = None  # the pool shared through CUDA IPC, once
+        self._ipc_failed = False
 
     def send(
         self,
@@ -111,21 +136,31 @@ class KVSender:
         pool: KVPool,
         page_ids: Sequence[int],
         n_tokens: int | None = None,
+        peer_device: str = "",
     ) -> None:
         """Start sending pages ``page_ids`` of ``pool`` (in this order) as ``transfer_id``;
-        returns once they are gathered and queued. ``n_tokens``: the tokens they hold
-        (default: full pages). Its end comes out of ``poll``."""
+        returns once they are gathered (or shared) and queued. ``n_tokens``: the tokens they
+        hold (default: full pages); ``peer_device``: the receiver's GPU (its ``device``), for
+        CUDA IPC when it is this pool's. Its end comes out of ``poll``."""
         if transfer_id in self._pending:
             raise ValueError(f"transfer {transfer_id} is already in flight")
         check_pages(pool, page_ids)
         began = time.perf_counter()
-        header = header_for(transfer_id, pool, len(page_ids), n_tokens)
-        data = gather(pool, page_ids)
+        data: torch.Tensor | torch.cuda.Event
+        shared = self._shared(pool, page_ids, peer_device)
+        if shared is not None:
+            source, data = shared
+            header = header_for(transfer_id, pool, len(page_ids), n_tokens, source)
+            frame: memoryview | bytes = b""
+        else:
+            header = header_for(transfer_id, pool, len(page_ids), n_tokens)
+            data = gather(pool, page_ids)
+            frame = wire_view(data)
         sock = self._ctx.socket(zmq.DEALER)
         sock.setsockopt(zmq.LINGER, 0)
         try:  # a fresh socket's queue has room: the send only queues, it never waits
             sock.connect(peer_address)
-            sock.send_multipart([encode(header), wire_view(data)], flags=zmq.NOBLOCK, copy=False)
+            sock.send_multipart([encode(header), frame], flags=zmq.NOBLOCK, copy=False)
         except zmq.ZMQError:  # a malformed address
             sock.close(linger=0)
             raise
@@ -139,6 +174,22 @@ class KVSender:
             began + self.timeout_s,
             data,
         )
+
+    def _shared(
+        self, pool: KVPool, page_ids: Sequence[int], peer_device: str
+    ) -> tuple[CudaSource, torch.cuda.Event] | None:
+        """The pages shared through CUDA IPC when the peer is on this pool's GPU; None for the
+        host path (another device, or CUDA IPC failed here once: logged, then never tried)."""
+        if not peer_device or peer_device != device_uuid(pool.device) or self._ipc_failed:
+            return None
+        try:
+            if self._share is None or self._share.pool is not pool:
+                self._share = PoolShare(pool)
+            return self._share.source(page_ids)
+        except RuntimeError as exc:
+            log.warning("CUDA IPC unavailable (%s): KV goes through host memory", exc)
+            self._ipc_failed = True
+            return None
 
     def in_flight(self) -> int:
         """Transfers sent and not yet ended."""
@@ -220,6 +271,9 @@ class KVReceiver:
         self._expected: dict[str, list[int]] = {}
         self._cancelled: dict[str, None] = {}  # insertion-ordered: the oldest first
         self.refused = 0  # transfers refused without an expectation to end (for metrics)
+        self.device = device_uuid(pool.device)  # senders on this GPU use CUDA IPC
+        self._opener = PoolOpener(pool)
+        self._landing: dict[str, _Landing] = {}  # CUDA IPC copies in flight
 
     def expect(self, transfer_id: str, page_ids: Sequence[int]) -> None:
         """Reserve ``page_ids`` of the pool (the caller allocated them) for ``transfer_id``,
@@ -232,8 +286,13 @@ class KVReceiver:
 
     def cancel(self, transfer_id: str) -> bool:
         """Stop expecting ``transfer_id`` (its request was aborted): if it still arrives it
-        is refused and writes nothing. False when it was not expected (or already ended)."""
-        if self._expected.pop(transfer_id, None) is None:
+        is refused and writes nothing; if its CUDA IPC copy is running, it waits for the
+        copy and refuses it. False when it was not expected (or already ended)."""
+        landing = self._landing.pop(transfer_id, None)
+        if landing is not None:
+            landing.landed.synchronize()
+            self._reply(landing.identity, TransferAck(transfer_id, "refused", "cancelled"))
+        elif self._expected.pop(transfer_id, None) is None:
             return False
         self._cancelled[transfer_id] = None
         if len(self._cancelled) > CANCELLED_KEPT:
@@ -248,12 +307,21 @@ class KVReceiver:
             try:
                 frames = self._sock.recv_multipart(zmq.NOBLOCK, copy=False)
             except zmq.Again:
-                return results
+                break
             result = self._handle(frames)
             if result is not None:
                 results.append(result)
+        for transfer_id, landing in list(self._landing.items()):
+            if landing.landed.query():  # type: ignore[no-untyped-call]
+                del self._landing[transfer_id]
+                self._reply(landing.identity, TransferAck(transfer_id, "ok"))
+                results.append(landing.result(time.perf_counter()))
+        return results
 
     def close(self) -> None:
+        for landing in self._landing.values():  # no copy may outlive the receiver
+            landing.landed.synchronize()
+        self._landing.clear()
         self._sock.close(linger=0)
         self._ctx.term()
 
@@ -282,9 +350,21 @@ class KVReceiver:
             return None
         status: Status = "ok"
         problem = mismatch(header, self.pool, len(pages), len(parts[1]))
+        if not problem and header.source is not None:
+            problem = self._opener.mismatch(header.source)
         if problem:
             status = "mismatch"
             log.warning("refused transfer %s: %s", transfer_id, problem)
+        elif header.source is not None:
+            try:
+                landed = self._opener.pull(header.source, pages)
+            except RuntimeError as exc:  # the sender's pool cannot be opened here
+                problem = f"CUDA IPC failed ({exc}); serve with --no-pd-cuda-ipc"
+                status = "mismatch"
+                log.error("refused transfer %s: %s", transfer_id, problem)
+            else:
+                self._landing[transfer_id] = _Landing(identity, header, len(pages), began, landed)
+                return None
         else:
             scatter(self.pool, pages, parts[1].buffer)
         self._reply(identity, TransferAck(transfer_id, status, problem))

@@ -7,7 +7,9 @@ A transfer is one ZeroMQ multipart message and one reply::
     frame 0   TransferHeader (msgpack)
     frame 1   the pages: [2 * num_layers, num_pages, page_size, num_kv_heads, head_dim]
               of ``dtype``, every layer's K then every layer's V, pages in the order the
-              sender named them, raw bytes (``nbytes`` of them, the byte order of the host)
+              sender named them, raw bytes (``nbytes`` of them, the byte order of the host);
+              empty when the header names a ``CudaSource`` (both ends on one GPU: the
+              receiver copies the pages out of the sender's pool, ``engine.kvcache.cuda_ipc``)
     reply     TransferAck (msgpack)
 
 Invariants:
@@ -34,6 +36,35 @@ from engine.kvcache.pool import KVPool
 Status = Literal["ok", "timeout", "refused", "mismatch"]
 
 
+class IpcTensor(msgspec.Struct, frozen=True, array_like=True):
+    """One layer tensor of a pool shared through CUDA IPC (what
+    ``torch.multiprocessing.reductions`` rebuilds it from in another process)."""
+
+    size: list[int]
+    stride: list[int]
+    offset: int  # elements into its storage
+    device: int
+    handle: bytes  # the CUDA IPC memory handle of the allocation holding the storage
+    nbytes: int  # the storage's bytes
+    byte_offset: int  # the storage's offset in that allocation
+    ref_counter_handle: bytes
+    ref_counter_offset: int
+    event_handle: bytes  # empty: none
+    event_sync: bool
+
+
+class CudaSource(msgspec.Struct, frozen=True):
+    """Where a transfer's pages are when both ends share a GPU: pages ``pages`` of the
+    sender's pool (``layers``: every layer's K then V, shared as ``share_id``), written once
+    the interprocess event ``event`` has completed."""
+
+    device_uuid: str
+    share_id: str
+    layers: list[IpcTensor]
+    pages: list[int]
+    event: bytes
+
+
 class TransferHeader(msgspec.Struct, frozen=True):
     transfer_id: str
     num_pages: int
@@ -44,6 +75,7 @@ class TransferHeader(msgspec.Struct, frozen=True):
     dtype: str
     n_tokens: int
     nbytes: int
+    source: CudaSource | None = None  # None: the pages follow in frame 1
 
 
 class TransferAck(msgspec.Struct, frozen=True):
@@ -62,7 +94,8 @@ class TransferResult:
     ``seconds``: on the sender, from ``send`` to the ``poll`` that saw the acknowledgment
     (or the timeout), so gather, wire, the receiver's scatter and the poll interval; on the
     receiver, from picking the message up to the pages written. ``status`` ``timeout``
-    exists only on the sender.
+    exists only on the sender. ``cuda_ipc``: the pages went device to device through CUDA IPC
+    (else through host memory).
     """
 
     transfer_id: str
@@ -72,6 +105,7 @@ class TransferResult:
     seconds: float
     n_tokens: int
     detail: str = ""
+    cuda_ipc: bool = False
 
     @property
     def ok(self) -> bool:
@@ -117,10 +151,14 @@ def check_pages(pool: KVPool, page_ids: Sequence[int]) -> None:
 
 
 def header_for(
-    transfer_id: str, pool: KVPool, num_pages: int, n_tokens: int | None
+    transfer_id: str,
+    pool: KVPool,
+    num_pages: int,
+    n_tokens: int | None,
+    source: CudaSource | None = None,
 ) -> TransferHeader:
     """The header of ``num_pages`` pages of ``pool`` holding ``n_tokens`` tokens (default:
-    full pages)."""
+    full pages), at ``source`` or in the data frame."""
     if n_tokens is None:
         n_tokens = num_pages * pool.page_size
     if not (num_pages - 1) * pool.page_size < n_tokens <= num_pages * pool.page_size:
@@ -137,6 +175,7 @@ def header_for(
         dtype=dtype_name(pool.dtype),
         n_tokens=n_tokens,
         nbytes=num_pages * page_bytes(pool),
+        source=source,
     )
 
 
@@ -151,8 +190,10 @@ def mismatch(header: TransferHeader, pool: KVPool, num_pages: int, data_bytes: i
         "dtype": (header.dtype, dtype_name(pool.dtype)),
         "pages": (header.num_pages, num_pages),
         "bytes": (header.nbytes, num_pages * page_bytes(pool)),
-        "data bytes": (data_bytes, header.nbytes),
+        "data bytes": (data_bytes, 0 if header.source else header.nbytes),
     }
+    if header.source is not None:
+        fields["source pages"] = (len(header.source.pages), header.num_pages)
     return ", ".join(
         f"{name} {sent} != {ours}" for name, (sent, ours) in fields.items() if sent != ours
     )

@@ -100,7 +100,9 @@ def serve_rank0(cfg: ServeConfig, leader: TPLeader) -> None:
     if sched_cfg.role == "prefill":
         pd = PrefillHandoffs(engine, runner.kv, cfg.pd_timeout)
     elif sched_cfg.role == "decode":
-        decode = pd = DecodeHandoffs(engine, runner.kv, cfg.pd_host, cfg.pd_timeout)
+        decode = pd = DecodeHandoffs(
+            engine, runner.kv, cfg.pd_host, cfg.pd_timeout, cfg.pd_cuda_ipc
+        )
         pd_info = {"handoff_addr": decode.address, "kv_addr": decode.receiver.address}
         log.info("decode role: hand-offs at %s, KV at %s", *pd_info.values())
     report_ready(

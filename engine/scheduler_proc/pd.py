@@ -69,23 +69,27 @@ class Handoffs(Protocol):
 
 @dataclass
 class TransferCounters:
-    """Ended transfers by status, and the bytes and seconds of the ``ok`` ones."""
+    """Ended transfers by status, and the bytes and seconds of the ``ok`` ones (and how many
+    of those went through CUDA IPC)."""
 
     ended: Counter[str] = field(default_factory=Counter)
     nbytes: int = 0
     seconds: float = 0.0
+    cuda_ipc: int = 0
 
     def count(self, result: TransferResult) -> None:
         self.ended[result.status] += 1
         if result.ok:
             self.nbytes += result.nbytes
             self.seconds += result.seconds
+            self.cuda_ipc += result.cuda_ipc
 
     def snapshot(self, open_handoffs: int, pages: int) -> messages.TransferStats:
         return messages.TransferStats(
             ended=dict(self.ended),
             nbytes=self.nbytes,
             seconds=self.seconds,
+            cuda_ipc=self.cuda_ipc,
             open_handoffs=open_handoffs,
             pages_in_transfer=pages,
         )

@@ -60,11 +60,14 @@ class DecodeHandoffs:
     """``Handoffs`` of a decode-role scheduler: hand-offs taken on a ROUTER socket bound on
     ``host`` (``address``), KV received into ``pool`` (``receiver.address``)."""
 
-    def __init__(self, driver: StepDriver, pool: KVPool, host: str, timeout_s: float) -> None:
+    def __init__(
+        self, driver: StepDriver, pool: KVPool, host: str, timeout_s: float, cuda_ipc: bool
+    ) -> None:
         self.driver = driver
         self.page_size = pool.page_size
         self.timeout_s = timeout_s
         self.receiver = KVReceiver(f"tcp://{host}:*", pool)
+        self.kv_device = self.receiver.device if cuda_ipc else ""  # named: CUDA IPC from it
         self.counters = TransferCounters()
         self._ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context()
         self._sock = self._ctx.socket(zmq.ROUTER)
@@ -206,8 +209,9 @@ class DecodeHandoffs:
                 self.rooms.pop(receive.rid, None)
                 self.driver.core.kv_landed(receive.rid)
             reply = pd_wire.HandoffReply(
-                room, True, "", room, receive.first, len(receive.pages), self.receiver.address
-            )
+                room, True, "", room, receive.first, len(receive.pages), self.receiver.address,
+                self.kv_device,
+            )  # fmt: skip
             self._reply(identity, reply)
 
     def _landed(self) -> list[messages.TokenItem]:

@@ -167,7 +167,9 @@ class PrefillHandoffs:
             return [self._handed_off(rid)]
         n_tokens = transfer.prompt_len - reply.first * self.pool.page_size
         try:
-            self.sender.send(reply.kv_address, reply.transfer_id, self.pool, pages, n_tokens)
+            self.sender.send(
+                reply.kv_address, reply.transfer_id, self.pool, pages, n_tokens, reply.kv_device
+            )
         except (ValueError, zmq.ZMQError) as exc:
             return [self._fail(rid, f"cannot send the KV to {reply.kv_address}: {exc}")]
         self.sending[reply.transfer_id] = rid

@@ -40,7 +40,8 @@ class Handoff(msgspec.Struct, tag=True, frozen=True):
 class HandoffReply(msgspec.Struct, tag=True, frozen=True):
     """The decode server's answer for ``room``: ``ok``, then send the prompt's pages from index
     ``first`` on (``num_pages`` of them: the ones before are in its prefix cache; 0: none to
-    send) to ``kv_address`` as ``transfer_id``; else why not (``detail``)."""
+    send) to ``kv_address`` as ``transfer_id``; else why not (``detail``). ``kv_device``: the
+    GPU its pool is on, for CUDA IPC from a prefill server on the same one (empty: none)."""
 
     room: str
     ok: bool
@@ -49,6 +50,7 @@ class HandoffReply(msgspec.Struct, tag=True, frozen=True):
     first: int = 0
     num_pages: int = 0
     kv_address: str = ""
+    kv_device: str = ""
 
 
 class HandoffCancel(msgspec.Struct, tag=True, frozen=True):

@@ -43,6 +43,12 @@ class TransferCollector(Collector):
             "decode: writing the pages)",
             labels=LABELS,
         )
+        ipc = CounterMetricFamily(
+            "engine_kv_transfers_cuda_ipc",
+            "KV transfers that ended ok device to device through CUDA IPC (the others of them "
+            "went through host memory)",
+            labels=LABELS,
+        )
         open_ = GaugeMetricFamily(
             "engine_pd_open_handoffs",
             "Hand-offs open: waiting for their other half, an answer or their KV",
@@ -59,6 +65,7 @@ class TransferCollector(Collector):
                 ended.add_metric([*labels, status], float(n))
             nbytes.add_metric(labels, float(stats.nbytes))
             seconds.add_metric(labels, stats.seconds)
+            ipc.add_metric(labels, float(stats.cuda_ipc))
             open_.add_metric(labels, float(stats.open_handoffs))
             pages.add_metric(labels, float(stats.pages_in_transfer))
-        yield from (ended, nbytes, seconds, open_, pages)
+        yield from (ended, nbytes, seconds, ipc, open_, pages)

@@ -1,0 +1,209 @@
+"""KV pages between two processes through CUDA IPC (``engine.kvcache.cuda_ipc``): a spawned
+sender's pool on this GPU, read by a receiver here, device to device.
+
+On a machine without CUDA only the refusals run: a receiver that is not on the sender's GPU
+refuses a transfer that names one, and a sender whose receiver is on another device (or none)
+sends the bytes.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from multiprocessing.connection import Connection
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+import torch.multiprocessing as mp
+import zmq
+
+from engine.kvcache.cuda_ipc import device_uuid
+from engine.kvcache.pool import KVPool
+from engine.kvcache.transfer import KVReceiver, KVSender
+from engine.kvcache.transfer_wire import (
+    CudaSource,
+    TransferResult,
+    decode_ack,
+    encode,
+    header_for,
+)
+
+SHAPE = {"num_layers": 3, "num_pages": 64, "page_size": 4, "num_kv_heads": 2, "head_dim": 16}
+CALL_TIMEOUT_S = 60.0
+cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+
+
+def filled(device: str, seed: int) -> KVPool:
+    pool = KVPool(**SHAPE, dtype=torch.bfloat16, device=torch.device(device))
+    gen = torch.Generator().manual_seed(seed)
+    for layer in [*pool.k, *pool.v]:
+        layer.copy_(torch.randn(layer.shape, generator=gen))
+    return pool
+
+
+def page_bytes() -> int:
+    dims = {k: v for k, v in SHAPE.items() if k != "num_pages"}
+    return KVPool.bytes_per_page(**dims, dtype=torch.bfloat16)
+
+
+def pages_of(pool: KVPool, pages: list[int]) -> list[torch.Tensor]:
+    return [t[pages].cpu() for t in [*pool.k, *pool.v]]
+
+
+def sender_main(conn: Connection) -> None:
+    """Sends pages of its CUDA pool on command; answers with the pages it sent (on the host)
+    and, on ``poll``, the sender's results. ``delay_ms`` keeps the GPU busy before the send,
+    so the receiver's copy must wait for the sender's work."""
+    pool = filled("cuda", 1)
+    with KVSender(timeout_s=30.0) as sender:
+        while True:
+            cmd, *args = conn.recv()
+            if cmd == "stop":
+                return
+            if cmd == "send":
+                address, tid, pages, peer, delay_ms = args
+                if delay_ms:  # a long kernel, then the pages rewritten behind it
+                    torch.cuda._sleep(int(delay_ms * 2_000_000))  # type: ignore[no-untyped-call]
+                    for t in [*pool.k, *pool.v]:
+                        t[pages] = t[pages] * 2 + 1
+                sender.send(address, tid, pool, pages, None, peer)
+                torch.cuda.synchronize()
+                conn.send(pages_of(pool, pages))
+            elif cmd == "poll":
+                conn.send(sender.poll(timeout_s=args[0]))
+
+
+class Sender:
+    def __init__(self, conn: Connection) -> None:
+        self.conn = conn
+
+    def call(self, *cmd: Any) -> Any:
+        self.conn.send(cmd)
+        if not self.conn.poll(CALL_TIMEOUT_S):
+            raise TimeoutError("the sender process did not answer")
+        return self.conn.recv()
+
+
+@pytest.fixture(scope="module")
+def sender() -> Iterator[Sender]:
+    ctx = mp.get_context("spawn")
+    here, there = ctx.Pipe()
+    proc = ctx.Process(target=sender_main, args=(there,))
+    proc.start()
+    there.close()
+    try:
+        yield Sender(here)
+        here.send(("stop",))
+        proc.join(timeout=30)
+        assert proc.exitcode == 0, f"sender exit code {proc.exitcode}"
+    finally:
+        if proc.is_alive():
+            proc.kill()
+            proc.join(timeout=10)
+        here.close()
+
+
+def received(receiver: KVReceiver, timeout_s: float = 30.0) -> list[TransferResult]:
+    deadline = time.monotonic() + timeout_s
+    results: list[TransferResult] = []
+    while not results and time.monotonic() < deadline:
+        results = receiver.poll()
+        time.sleep(0.001)
+    return results
+
+
+@cuda
+def test_pages_land_device_to_device(sender: Sender, tmp_path: Path) -> None:
+    pool = filled("cuda", 2)
+    before = pages_of(pool, list(range(SHAPE["num_pages"])))
+    with KVReceiver(f"ipc://{tmp_path}/r.sock", pool) as receiver:
+        assert receiver.device == device_uuid(torch.device("cuda"))
+        # "b" rewrites its pages behind a long kernel: the copy must wait for the sender's work
+        cases = [("a", [1, 2, 7], [5, 3, 9], 0), ("b", [7, 0], [40, 41], 50)]
+        for tid, src, dst, delay_ms in cases:
+            receiver.expect(tid, dst)
+            sent = sender.call("send", receiver.address, tid, src, receiver.device, delay_ms)
+            results = received(receiver)
+            assert [r.transfer_id for r in results] == [tid] and results[0].ok
+            assert results[0].nbytes == len(src) * page_bytes()
+            for ours, theirs in zip(pages_of(pool, dst), sent, strict=True):
+                assert torch.equal(ours, theirs)
+            acks = sender.call("poll", 10.0)
+            assert [(r.transfer_id, r.status) for r in acks] == [(tid, "ok")]
+    touched = {5, 3, 9, 40, 41}
+    after = pages_of(pool, list(range(SHAPE["num_pages"])))
+    for old, new in zip(before, after, strict=True):
+        rest = [p for p in range(SHAPE["num_pages"]) if p not in touched]
+        assert torch.equal(old[rest], new[rest])
+
+
+@cuda
+def test_cancel_waits_for_the_copy(sender: Sender, tmp_path: Path) -> None:
+    """A transfer cancelled while its copy waits on the sender's work: the cancel returns once
+    the copy ran, the sender hears it refused, and no later poll reports it."""
+    pool = filled("cuda", 3)
+    with KVReceiver(f"ipc://{tmp_path}/c.sock", pool) as receiver:
+        receiver.expect("c", [10, 11])
+        sender.conn.send(("send", receiver.address, "c", [3, 4], receiver.device, 300))
+        deadline = time.monotonic() + CALL_TIMEOUT_S
+        while not receiver._landing and time.monotonic() < deadline:  # the copy started
+            assert receiver.poll() == []
+            time.sleep(0.001)
+        assert receiver.cancel("c")
+        sent = sender.conn.recv()
+        assert [r.status for r in sender.call("poll", 10.0)] == ["refused"]
+        assert receiver.poll() == []
+        for ours, theirs in zip(pages_of(pool, [10, 11]), sent, strict=True):
+            assert torch.equal(ours, theirs)  # the copy finished before the cancel returned
+
+
+@cuda
+def test_another_device_gets_the_bytes(sender: Sender, tmp_path: Path) -> None:
+    """A receiver on the CPU: the sender is told no GPU and sends the bytes."""
+    pool = filled("cpu", 4)
+    with KVReceiver(f"ipc://{tmp_path}/h.sock", pool) as receiver:
+        assert receiver.device == ""
+        receiver.expect("h", [1])
+        sent = sender.call("send", receiver.address, "h", [2], receiver.device, 0)
+        assert received(receiver)[0].ok
+        for ours, theirs in zip(pages_of(pool, [1]), sent, strict=True):
+            assert torch.equal(ours, theirs)
+
+
+def test_a_source_on_another_gpu_is_refused(tmp_path: Path) -> None:
+    """A header naming pages on a GPU the receiver is not on: refused, nothing written."""
+    pool = filled("cpu", 5)
+    before = pages_of(pool, list(range(SHAPE["num_pages"])))
+    source = CudaSource("GPU-elsewhere", "share", [], [0, 1], b"")
+    header = header_for("x", pool, 2, None, source)
+    with KVReceiver(f"ipc://{tmp_path}/x.sock", pool) as receiver:
+        receiver.expect("x", [6, 7])
+        ctx = zmq.Context()
+        sock = ctx.socket(zmq.DEALER)
+        try:
+            sock.connect(receiver.address)
+            sock.send_multipart([encode(header), b""])
+            results = received(receiver)
+            assert sock.poll(10_000)
+            ack = decode_ack(sock.recv())
+        finally:
+            sock.close(linger=0)
+            ctx.term()
+    assert [r.status for r in results] == ["mismatch"] and "not one GPU" in results[0].detail
+    assert ack is not None and ack.status == "mismatch"
+    for old, new in zip(before, pages_of(pool, list(range(SHAPE["num_pages"]))), strict=True):
+        assert torch.equal(old, new)
+
+
+def test_a_cpu_pool_never_shares(tmp_path: Path) -> None:
+    """A sender whose pool is not on a GPU sends bytes whatever device the receiver names."""
+    src, dst = filled("cpu", 6), filled("cpu", 7)
+    with KVReceiver(f"ipc://{tmp_path}/p.sock", dst) as receiver, KVSender() as sender:
+        receiver.expect("p", [8])
+        sender.send(receiver.address, "p", src, [9], None, "GPU-some")
+        assert received(receiver)[0].ok
+        assert sender.poll(timeout_s=10.0)[0].ok
+    for a, b in zip(pages_of(src, [9]), pages_of(dst, [8]), strict=True):
+        assert torch.equal(a, b)
