@@ -13,7 +13,10 @@ until they have been read, as on the host path.
 Both ends must run on one GPU (the header names it by UUID; a receiver on another refuses
 the transfer as a mismatch). The sender's pool outlives every transfer it shares, so the
 handles stay valid while the sender runs; a receiver keeps at most ``OPENED_KEPT`` senders'
-pools open (a restarted sender shares under a new id).
+pools open (a restarted sender shares under a new id). The copy reads the sender's pages
+when it runs, not when they were sent, so the sender must hold them until acknowledged, as
+the hand-off does: the receiver's wait for them starts before the sender's (both servers'
+``--pd-timeout`` alike) and a transfer that arrives after it ended is refused unread.
 """
 
 from __future__ import annotations
