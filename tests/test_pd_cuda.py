@@ -60,8 +60,9 @@ def test_the_pair_on_one_gpu_answers_as_a_colocated_server(
     servers: dict[str, Server], decode: str
 ) -> None:
     prefill, dec = servers["prefill"], servers[decode]
+    before = prefill.metrics()
     ipc_before = dec.metrics().get("engine_kv_transfers_cuda_ipc_total", 0.0)
-    sent_before = prefill.metrics().get("engine_kv_transfers_total", 0.0)
+    sent_before = before.get("engine_kv_transfers_total", 0.0)
     with running_router("--prefill", prefill.url, "--decode", dec.url) as (_, router):
         for text in PROMPTS:
             assert generate(router, text) == generate(servers["colocated"].url, text), text
@@ -71,3 +72,6 @@ def test_the_pair_on_one_gpu_answers_as_a_colocated_server(
     assert ipc == (len(PROMPTS) if decode == "decode" else 0)
     for server in (prefill, dec):
         assert server.metrics().get("engine_kv_pages_in_transfer", 0.0) == 0
+    after = prefill.metrics()  # the transfers' time from send to acknowledgment (-s shows it)
+    delta = {k: after[k] - before.get(k, 0.0) for k in after if k.startswith("engine_kv_transfer_")}
+    print(decode, {k: f"{v:.4g}" for k, v in delta.items()})
