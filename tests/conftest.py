@@ -16,7 +16,9 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager, suppress
 from dataclasses import dataclass
+from multiprocessing.connection import Connection
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
@@ -189,3 +191,26 @@ def server(model_ready: str) -> Iterator[Server]:
     """One tp=1 server shared by the tests that only send requests."""
     with running_server("--num-pages", "1024", cpu_threads=2) as s:
         yield s
+
+
+@contextmanager
+def spawned(target: Any) -> Iterator[Connection]:
+    """A spawned process running ``target(conn)``, and this side of its pipe; at exit it is
+    sent ``("stop",)`` and must exit 0 (it is killed if it does not exit)."""
+    import torch.multiprocessing as mp
+
+    ctx = mp.get_context("spawn")
+    here, there = ctx.Pipe()
+    proc = ctx.Process(target=target, args=(there,))
+    proc.start()
+    there.close()
+    try:
+        yield here
+        here.send(("stop",))
+        proc.join(timeout=30)
+        assert proc.exitcode == 0, f"spawned process exit code {proc.exitcode}"
+    finally:
+        if proc.is_alive():
+            proc.kill()
+            proc.join(timeout=10)
+        here.close()

@@ -16,8 +16,8 @@ from typing import Any
 
 import pytest
 import torch
-import torch.multiprocessing as mp
 import zmq
+from conftest import spawned
 
 from engine.kvcache.cuda_ipc import device_uuid
 from engine.kvcache.pool import KVPool
@@ -88,21 +88,8 @@ class Sender:
 
 @pytest.fixture(scope="module")
 def sender() -> Iterator[Sender]:
-    ctx = mp.get_context("spawn")
-    here, there = ctx.Pipe()
-    proc = ctx.Process(target=sender_main, args=(there,))
-    proc.start()
-    there.close()
-    try:
-        yield Sender(here)
-        here.send(("stop",))
-        proc.join(timeout=30)
-        assert proc.exitcode == 0, f"sender exit code {proc.exitcode}"
-    finally:
-        if proc.is_alive():
-            proc.kill()
-            proc.join(timeout=10)
-        here.close()
+    with spawned(sender_main) as conn:
+        yield Sender(conn)
 
 
 def received(receiver: KVReceiver, timeout_s: float = 30.0) -> list[TransferResult]:

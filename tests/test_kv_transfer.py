@@ -17,8 +17,8 @@ from typing import Any
 
 import pytest
 import torch
-import torch.multiprocessing as mp
 import zmq
+from conftest import spawned
 
 from engine.kvcache.pool import KVPool
 from engine.kvcache.transfer import KVReceiver, KVSender
@@ -121,21 +121,8 @@ class Peer:
 
 @pytest.fixture(scope="module")
 def peer(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Peer]:
-    ctx = mp.get_context("spawn")
-    here, there = ctx.Pipe()
-    proc = ctx.Process(target=peer_main, args=(there,))
-    proc.start()
-    there.close()
-    try:
-        yield Peer(here, tmp_path_factory.mktemp("kv"))
-        here.send(("stop",))
-        proc.join(timeout=10)
-        assert proc.exitcode == 0, f"peer exit code {proc.exitcode}"
-    finally:
-        if proc.is_alive():
-            proc.kill()
-            proc.join(timeout=10)
-        here.close()
+    with spawned(peer_main) as conn:
+        yield Peer(conn, tmp_path_factory.mktemp("kv"))
 
 
 @pytest.fixture
