@@ -1,5 +1,6 @@
 """Prefill/decode disaggregation on one GPU: a prefill and a decode server sharing it hand the
-KV over through CUDA IPC, and their greedy output is a colocated server's, token for token.
+KV over through CUDA IPC (``--pd-cuda-ipc``) or through host memory (the default), and their
+greedy output is a colocated server's, token for token.
 
 The Qwen3-0.6B shape with dummy weights and the tokenizer `scripts/gpu_prepare.py` puts in
 `.gpu/tokenizer`; skipped without CUDA or that tokenizer.
@@ -33,7 +34,7 @@ def servers() -> Iterator[dict[str, Server]]:
     flags = {
         "colocated": COMMON,
         "prefill": (*COMMON, "--role", "prefill"),
-        "decode": (*COMMON, "--role", "decode"),
+        "decode": (*COMMON, "--role", "decode", "--pd-cuda-ipc"),
         "decode_host": (*COMMON, "--role", "decode", "--no-pd-cuda-ipc"),
     }
     with ThreadPoolExecutor(len(flags)) as pool:

@@ -187,7 +187,7 @@ class ServeConfig:
         parse=positive_float,
     )
     pd_cuda_ipc: bool = setting(
-        True,
+        False,
         "--role decode on a GPU: take the KV of a prefill server on the same GPU through CUDA "
         "IPC (a device-to-device copy out of its pool); off, or between GPUs: through host memory",
     )
