@@ -27,6 +27,10 @@
 #   coldlaunch  how long eager steps (prefills, mixed, a chunk beside verify spans) hold the host
 #             when each plan is timed once between others (cold.csv) against repeated back to
 #             back (warm.csv), Llama-3.1-8B shape: `sim profile compare --measure launch`
+#   launchctx an eager step's host launch (a prefill, a chunk beside decodes) in the contexts
+#             serving launches it in: as the profile times it, after idling, after graph-replayed
+#             decodes, behind a decode in flight, beside busy cores (benchmarks/gpu/
+#             launch_context.py); then one 8B stream's step record: its served launches
 #   overlap   idle GPU time between decode steps, overlap on and off
 #   attribution  `sim validate` with the engine's step record (error attribution) on the
 #             Azure conversation trace, a busy window of the code trace and three long-prompt
@@ -220,6 +224,14 @@ for part in $parts; do
             --out "$out/warm.csv"
         python3 -m lab.cli.sim profile compare --base "$out/cold.csv" --new "$out/warm.csv" \
             --measure launch | tee "$out/coldlaunch.md"
+        ;;
+    launchctx)  # an eager step's launch in serving's contexts, then served steps' launches
+        run launchctx 200 python3 benchmarks/gpu/launch_context.py --out "$out/launch_context.json"
+        run launchctx_serve 150 python3 benchmarks/gpu/interactive.py --model llama-3.1-8b \
+            --port 18700 --prompts 512 --new 32 --repeats 8 --out "$out/launchctx_serve.json" \
+            --serve-args --record-steps "$out/launchctx_steps.csv"
+        python3 benchmarks/gpu/launch_context.py --steps "$out/launchctx_steps.csv" \
+            | tee "$out/launchctx_steps.txt"
         ;;
     overlap) run overlap 300 python3 benchmarks/gpu/overlap.py --out "$out/overlap.json" ;;
     attribution)  # sim validate with the engine's step record: three traces, three loads each
