@@ -1,9 +1,9 @@
 """KV pages between two processes through CUDA IPC (``engine.kvcache.cuda_ipc``): a spawned
 sender's pool on this GPU, read by a receiver here, device to device.
 
-On a machine without CUDA only the refusals run: a receiver that is not on the sender's GPU
-refuses a transfer that names one, and a sender whose receiver is on another device (or none)
-sends the bytes.
+On a machine without CUDA only the refusals run: a receiver refuses a transfer whose pages it
+cannot read (another shape, outside the sender's pool, on another GPU), and a sender whose pool
+is not on a GPU sends the bytes.
 """
 
 from __future__ import annotations
@@ -24,6 +24,7 @@ from engine.kvcache.pool import KVPool
 from engine.kvcache.transfer import KVReceiver, KVSender
 from engine.kvcache.transfer_wire import (
     CudaSource,
+    IpcTensor,
     TransferResult,
     decode_ack,
     encode,
@@ -159,12 +160,32 @@ def test_another_device_gets_the_bytes(sender: Sender, tmp_path: Path) -> None:
             assert torch.equal(ours, theirs)
 
 
-def test_a_source_on_another_gpu_is_refused(tmp_path: Path) -> None:
-    """A header naming pages on a GPU the receiver is not on: refused, nothing written."""
+def fake_layer(pages: int, page: list[int]) -> IpcTensor:
+    """A layer tensor's description as a sender would send it (its handle opens nothing)."""
+    return IpcTensor([pages, *page], [1], 0, 0, b"h", 0, 0, b"r", 0, b"", False)
+
+
+PAGE = [SHAPE["page_size"], SHAPE["num_kv_heads"], SHAPE["head_dim"]]
+LAYERS = 2 * SHAPE["num_layers"]
+
+
+@pytest.mark.parametrize(
+    ("layers", "pages", "device", "why"),
+    [
+        ([fake_layer(65, PAGE)] * (LAYERS - 1), [0, 1], "", "layer tensors"),
+        ([fake_layer(65, [*PAGE[:-1], 8])] * LAYERS, [0, 1], "", "pages shaped otherwise"),
+        ([fake_layer(65, PAGE)] * LAYERS, [0, 65], "", "outside the sender's 65"),
+        ([fake_layer(65, PAGE)] * LAYERS, [0, 1], "GPU-elsewhere", "not one GPU"),
+    ],
+)
+def test_a_source_this_receiver_cannot_read_is_refused(
+    tmp_path: Path, layers: list[IpcTensor], pages: list[int], device: str, why: str
+) -> None:
+    """A header naming pages of another shape, out of the sender's pool or on another GPU
+    than the receiver's: refused before any copy, nothing written."""
     pool = filled("cpu", 5)
     before = pages_of(pool, list(range(SHAPE["num_pages"])))
-    source = CudaSource("GPU-elsewhere", "share", [], [0, 1], b"")
-    header = header_for("x", pool, 2, None, source)
+    header = header_for("x", pool, 2, None, CudaSource(device, "share", layers, pages, b""))
     with KVReceiver(f"ipc://{tmp_path}/x.sock", pool) as receiver:
         receiver.expect("x", [6, 7])
         ctx = zmq.Context()
@@ -178,7 +199,7 @@ def test_a_source_on_another_gpu_is_refused(tmp_path: Path) -> None:
         finally:
             sock.close(linger=0)
             ctx.term()
-    assert [r.status for r in results] == ["mismatch"] and "not one GPU" in results[0].detail
+    assert [r.status for r in results] == ["mismatch"] and why in results[0].detail
     assert ack is not None and ack.status == "mismatch"
     for old, new in zip(before, pages_of(pool, list(range(SHAPE["num_pages"]))), strict=True):
         assert torch.equal(old, new)

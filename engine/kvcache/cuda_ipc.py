@@ -83,13 +83,21 @@ class PoolOpener:
         self._opened: OrderedDict[str, list[torch.Tensor]] = OrderedDict()
 
     def mismatch(self, source: CudaSource) -> str:
-        """Why this receiver cannot pull from ``source``; empty when it can."""
-        if source.device_uuid != self.uuid:
-            here = self.uuid or self.pool.device.type
-            return f"CUDA IPC from GPU {source.device_uuid} to {here}: not one GPU"
+        """Why this receiver cannot pull from ``source``; empty when it can: as many layer
+        tensors as its pool, each pages of its pool's page shape, the pages among theirs, and
+        one GPU (so that no copy it starts can read out of bounds)."""
         ours = 2 * len(self.pool.k)
         if len(source.layers) != ours:
             return f"CUDA IPC of {len(source.layers)} layer tensors, the pool has {ours}"
+        page = list(self.pool.k[0].shape[1:])
+        if any(t.size[1:] != page for t in source.layers):
+            return f"CUDA IPC of pages shaped otherwise than this pool's {page}"
+        held = min(t.size[0] for t in source.layers)
+        if not all(0 <= p < held for p in source.pages):
+            return f"CUDA IPC of pages outside the sender's {held}"
+        if source.device_uuid != self.uuid:
+            here = self.uuid or self.pool.device.type
+            return f"CUDA IPC from GPU {source.device_uuid} to {here}: not one GPU"
         return ""
 
     def pull(self, source: CudaSource, page_ids: Sequence[int]) -> torch.cuda.Event:
