@@ -28,6 +28,7 @@ from collections.abc import Sequence
 import torch
 from torch.multiprocessing.reductions import rebuild_cuda_tensor, reduce_tensor
 
+from engine.kvcache.host_pool import device_ints
 from engine.kvcache.pool import KVPool
 from engine.kvcache.transfer_wire import CudaSource, IpcTensor
 
@@ -107,10 +108,11 @@ class PoolOpener:
         device = self.pool.device
         with torch.cuda.stream(self.stream):
             remote = self._open(source)  # a first open waits for the share on this stream
+            # from pinned memory, queued: a copy from pageable memory would hold the host
+            # until the stream, so the sender's work, is done
+            src, dst = device_ints(source.pages, device), device_ints(page_ids, device)
             written = torch.cuda.Event.from_ipc_handle(device, source.event)  # type: ignore[no-untyped-call]
             self.stream.wait_event(written)
-            src = torch.tensor(source.pages, dtype=torch.int64).to(device, non_blocking=True)
-            dst = torch.tensor(list(page_ids), dtype=torch.int64).to(device, non_blocking=True)
             for local, theirs in zip(_layers(self.pool), remote, strict=True):
                 local.index_copy_(0, dst, theirs.index_select(0, src))
             landed = torch.cuda.Event()  # type: ignore[no-untyped-call]
