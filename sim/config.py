@@ -84,6 +84,12 @@ class SimConfig:
     # profile's, else the committed profiles/cpu_costs.csv)
     # pipeline
     num_tokenizers: int = 1  # tokenizer worker processes (the split layout's; one otherwise)
+    tokenize_busy: bool = setting(
+        False,
+        "price a prompt a tokenizer goes straight on to (it waited in the tokenizer's queue) "
+        "at the profile's back-to-back rate (its tokenize_busy_N rows) instead of the rate of "
+        "a tokenizer that was idle",
+    )
     layout: str = setting(
         "split",
         "where tokenization and detokenization run, as engine serve --layout: split (worker "

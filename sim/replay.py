@@ -5,7 +5,7 @@ from __future__ import annotations
 import sys
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, TypedDict, Unpack
 
 import numpy as np
@@ -100,6 +100,8 @@ def build_costs(config: SimConfig) -> tuple[GpuCostModel, CpuCosts]:
     cpu = load_cpu_costs(profile)
     if config.cpu_profile:  # asked for: its CPU rows first (a profile of the runs' host)
         cpu = cpu_costs_from(read_profile(config.cpu_profile), fallback=cpu)
+    if not config.tokenize_busy:  # every prompt at the idle rate
+        cpu = replace(cpu, tokenize_busy=())
     return gpu, cpu
 
 

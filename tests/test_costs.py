@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
 import pytest
 
 from core.scheduler import StepShape
+from sim.config import build_config
 from sim.costs import (
     DEFAULT_CPU_PROFILE,
     CostSpec,
@@ -22,6 +24,7 @@ from sim.costs import (
 )
 from sim.costs.profile import COLUMNS, EMPTY_SHAPE, ProfileRow, write_profile
 from sim.costs.roofline import KERNELS_PER_LAYER, KERNELS_PER_STEP
+from sim.replay import build_costs
 
 PROVENANCE = "# hardware: test cpu\n# model: test\n# date: 2026-11-29\n# command: pytest\n"
 HEADER = ",".join(COLUMNS) + "\n"
@@ -154,6 +157,31 @@ def test_cpu_costs_default_file_and_overrides(tmp_path: Path) -> None:
     mixed = load_cpu_costs(profile)
     assert mixed.tokenize == pytest.approx(3e-6)  # mean of the profile's rows
     assert mixed.ipc == default.ipc  # the rest from the default file
+
+
+def test_busy_tokenize_rows_set_the_back_to_back_rate(tmp_path: Path) -> None:
+    roof = RooflineCostModel(model_shape("smollm2-135m"), hardware("h200"))
+    path = _roofline_profile(tmp_path / "p.csv", roof)  # tokenize: 3e-6 idle
+    rows = [ProfileRow(f"tokenize_busy_{n}", EMPTY_SHAPE, 1, t, t, t, 1)
+            for n, t in ((1, 1e-6), (4, 2e-6))]  # fmt: skip
+    write_profile(path, read_profile(path).provenance, [*read_profile(path).steps, *rows])
+    assert read_profile(path).cpu == {"tokenize_busy_1": 1e-6, "tokenize_busy_4": 2e-6}
+    cpu = load_cpu_costs(read_profile(_roofline_profile(tmp_path / "q.csv", roof)))
+    assert cpu.tokenize_busy == load_cpu_costs(None).tokenize_busy  # none: the fallback's
+    busy = replace(cpu, tokenize_busy=((1, 1e-6), (4, 2e-6)))
+    assert busy.tokenize_time(1000) == pytest.approx(3e-3)  # idle
+    assert [busy.tokenize_time(1000, n) for n in (1, 3, 4, 9)] == pytest.approx(
+        [1e-3, 1e-3, 2e-3, 2e-3]
+    )  # the most workers measured, not above those busy
+    assert cpu.tokenize_time(1000, 2) == cpu.tokenize_time(1000)  # unmeasured: the idle rate
+    # a replay takes them only with the setting: off, every prompt at the idle rate
+    for on, want in ((False, ()), (True, ((1, 1e-6), (4, 2e-6)))):
+        config = build_config(model="smollm2-135m", cpu_profile=str(path), tokenize_busy=on)
+        assert build_costs(config)[1].tokenize_busy == want
+    bad = tmp_path / "bad.csv"
+    bad.write_text(path.read_text().replace("tokenize_busy_4", "tokenize_busy_3"))
+    with pytest.raises(ProfileError, match="unknown kind 'tokenize_busy_3'"):
+        read_profile(bad)
 
 
 def test_profile_device_times_round_trip_and_legacy_files(tmp_path: Path) -> None:

@@ -4,6 +4,7 @@ live server, end to end."""
 from __future__ import annotations
 
 import json
+import os
 from dataclasses import replace
 from pathlib import Path
 
@@ -53,7 +54,9 @@ def test_engine_profile_writes_a_valid_profile(profile: Path) -> None:
     assert kinds == {"prefill", "decode", "mixed"}
     assert sum(r.split == "holdout" for r in p.steps) == 3
     assert all(0 < r.min_s <= r.duration_s <= r.max_s < 5 for r in p.steps)
-    assert set(p.cpu) == set(CpuCosts.KINDS) | set(COPY_KINDS) | set(TRANSFER_KINDS)
+    busy = [n for n in CpuCosts.BUSY_WORKERS if n <= (os.cpu_count() or 1)]
+    busy_kinds = {f"tokenize_busy_{n}" for n in busy}
+    assert set(p.cpu) == set(CpuCosts.KINDS) | busy_kinds | set(COPY_KINDS) | set(TRANSFER_KINDS)
     assert p.cpu["kv_transfer_token"] > 0 and "KVSender" in p.provenance["transfer"]
     copies = copy_costs(p, hardware("h200"), 1.0)  # the profile's rows, not the preset's link
     assert copies.source == p.path and copies.load_per_token > 0 and copies.write_per_token > 0
@@ -64,6 +67,10 @@ def test_engine_profile_writes_a_valid_profile(profile: Path) -> None:
     assert table.step_time(bigger) > table.step_time(smaller)
     cpu = load_cpu_costs(p)
     assert 0 < cpu.tokenize < 1e-3 and 0 < cpu.stream < 0.05 and cpu.source == str(profile)
+    # back to back, each count of workers that fits the cores; one worker faster than idle
+    assert [n for n, _ in cpu.tokenize_busy] == busy
+    assert all(0 < rate < 1e-3 for _, rate in cpu.tokenize_busy)
+    assert cpu.tokenize_busy[0][1] < cpu.tokenize
 
 
 def test_engine_profile_reports_bad_flags(capsys: pytest.CaptureFixture[str]) -> None:

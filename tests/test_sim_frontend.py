@@ -23,6 +23,7 @@ def _simpy_front(
     env = simpy.Environment()
     loop = simpy.Resource(env, 1)
     pool = [simpy.Resource(env, 1) for _ in range(workers)]
+    finish = [-np.inf] * workers  # when each worker's current prompt is done
     times: dict[str, list[float]] = {k: [np.nan] * len(requests) for k in ("arrival", "parsed",
                                      "tokenize_start", "tokenized", "sched_arrival")}  # fmt: skip
     queues: dict[str, list[tuple[float, int]]] = {"frontend": [], "tokenizer": []}
@@ -48,9 +49,13 @@ def _simpy_front(
         yield env.timeout(cpu.ipc)
         worker = pool[i % workers]
         slot = worker.request()
+        queued = not slot.triggered
         yield from queue(slot, "tokenizer")
         times["tokenize_start"][i] = env.now
-        yield env.timeout(cpu.tokenize * r.input_length)
+        # straight on from the prompt before: the rate of as many workers busy at once
+        busy = sum(f > env.now for f in finish) + 1 if queued else 0
+        finish[i % workers] = env.now + cpu.tokenize_time(r.input_length, busy)
+        yield env.timeout(cpu.tokenize_time(r.input_length, busy))
         worker.release(slot)
         times["tokenized"][i] = env.now
         yield env.timeout(cpu.ipc)
@@ -80,7 +85,8 @@ def test_front_times_equal_simpy(
     arrivals = np.cumsum(gaps) * 1.37
     requests = [TraceRequest(f"r{i}", float(a), lengths[i], 1) for i, a in enumerate(arrivals)]
     cpu = CpuCosts(frontend=frontend, tokenize=9e-7, detokenize=4e-6, ipc=2.6e-5, schedule=0.0,
-                   schedule_request=1.6e-6, stream=0.0, source="t", provenance="t")  # fmt: skip
+                   schedule_request=1.6e-6, stream=0.0, source="t", provenance="t",
+                   tokenize_busy=((1, 5e-7), (2, 6e-7)))  # fmt: skip
     got = front_times(requests, cpu, workers)
     want, queues = _simpy_front(requests, cpu, workers)
     for name, values in want.items():

@@ -11,6 +11,13 @@
   2-core development machine, 1,024 tokens: 2.1-2.6 ms back to back, 2.9-3.0 ms
   after 0.1 s idle, 4.3 ms inside a live server; 2.7 against 7.0 ms while other
   processes compete for the cores).
+- ``tokenize_busy_N``: the same work back to back, as a worker with a queue does it, on
+  new ``BUSY_TOKENS``-token prompts, with N worker processes tokenizing at once (N of
+  ``CpuCosts.BUSY_WORKERS`` up to this machine's cores); seconds per input token. On the
+  2-core development machine one worker runs 1.8-2.0 us a token back to back on 8k- and
+  16k-token prompts where the idle ``tokenize`` row says 3.5-5.0, and a serving worker with
+  a queue runs at 1.7-2.0: priced at the idle rate, a saturated tokenizer is half as fast
+  as it is.
 - ``detokenize``: the detokenizer process's work on one scheduler step's
   ``TokenBatch`` of 32 one-token items: decode the message, ``Detokenizer.process``
   (incremental decode, stop strings), encode the ``TextBatch``; seconds per token.
@@ -28,6 +35,8 @@
 from __future__ import annotations
 
 import multiprocessing as mp
+import os
+import queue
 import statistics
 import tempfile
 import time
@@ -71,39 +80,129 @@ def repeat_times(fn: Callable[[], object], repeats: int) -> list[float]:
 
 TOKENIZE_IDLE_S = 0.1
 """Idle time before each timed tokenization (a worker between requests at ~10 requests/s)."""
+BUSY_TOKENS = 8192
+"""Prompt length of the back-to-back (``tokenize_busy_N``) timings (at most half the context)."""
+BUSY_SECONDS = 1.0
+"""Each worker of a ``tokenize_busy_N`` timing tokenizes back to back at least this long."""
+BUSY_TIMEOUT_S = 300.0
+
+
+def _payloads(tokenizer: Any, count: int, tokens: int) -> list[bytes]:
+    """``count`` encoded ``GenerateRequest`` messages of new ``tokens``-token prompts."""
+    from lab.bench.prompts import PromptMaker, fresh_salt
+    from schema.traces import TraceRequest
+
+    maker = PromptMaker(tokenizer, fresh_salt())
+    return [
+        messages.encode(
+            messages.GenerateRequest(
+                sampling=SamplingParams(),
+                rid="p",
+                received=0.0,
+                text=maker.text(TraceRequest(str(i), 0.0, input_length=tokens, output_length=1)),
+            )
+        )
+        for i in range(count)
+    ]
+
+
+def _tokenize_once(tokenizer: Any, cfg: ServeConfig, data: bytes) -> float:
+    """The worker's work on one message (decode, tokenize, encode): seconds per token."""
+    from engine.tokenizer.worker import tokenize
+
+    start = time.perf_counter()
+    req = messages.decode(data)
+    assert isinstance(req, messages.GenerateRequest)
+    out = messages.encode(tokenize(tokenizer, req, cfg))
+    elapsed = time.perf_counter() - start
+    tokenized = messages.decode(out)
+    assert isinstance(tokenized, messages.TokenizedRequest)
+    return elapsed / len(tokenized.input_ids)
 
 
 def measure_tokenize(
     tokenizer: Any, cfg: ServeConfig, repeats: int, tokens: int = 1024
 ) -> StageCost:
-    from engine.tokenizer.worker import tokenize
-    from lab.bench.prompts import PromptMaker, fresh_salt
-    from schema.traces import TraceRequest
-
-    maker = PromptMaker(tokenizer, fresh_salt())
-    texts = [
-        maker.text(TraceRequest(rid=str(i), arrival=0.0, input_length=tokens, output_length=1))
-        for i in range(repeats + 1)
-    ]
-    payloads = [
-        messages.encode(
-            messages.GenerateRequest(sampling=SamplingParams(), rid="p", received=0.0, text=text)
-        )
-        for text in texts
-    ]
     per_token = []
-    for i, data in enumerate(payloads):
+    for i, data in enumerate(_payloads(tokenizer, repeats + 1, tokens)):
         time.sleep(TOKENIZE_IDLE_S)
-        start = time.perf_counter()
-        req = messages.decode(data)
-        assert isinstance(req, messages.GenerateRequest)
-        out = messages.encode(tokenize(tokenizer, req, cfg))
-        elapsed = time.perf_counter() - start
-        tokenized = messages.decode(out)
-        assert isinstance(tokenized, messages.TokenizedRequest)
+        cost = _tokenize_once(tokenizer, cfg, data)
         if i:  # the first call warms up
-            per_token.append(elapsed / len(tokenized.input_ids))
+            per_token.append(cost)
     return StageCost.of("tokenize", per_token)
+
+
+def _busy_worker(cfg: ServeConfig, payloads: list[bytes], start: Any, out: Any) -> None:
+    """A spawned tokenizer: one warm-up call, then (with the others) the rest back to back,
+    in turn, for at least ``BUSY_SECONDS``."""
+    from engine.tokenizer.prompt import load_tokenizer
+
+    try:
+        tokenizer = load_tokenizer(cfg.tokenizer_path)
+        _tokenize_once(tokenizer, cfg, payloads[0])
+    except Exception as e:  # the parent raises it with its reason
+        start.abort()
+        out.put(f"{type(e).__name__}: {e}")
+        return
+    start.wait()
+    costs: list[float] = []
+    until = time.perf_counter() + BUSY_SECONDS
+    while len(costs) < len(payloads) - 1 or time.perf_counter() < until:
+        costs.append(_tokenize_once(tokenizer, cfg, payloads[1 + len(costs) % (len(payloads) - 1)]))
+    out.put(costs)
+
+
+def measure_tokenize_busy(
+    tokenizer: Any, cfg: ServeConfig, repeats: int, tokens: int = BUSY_TOKENS
+) -> list[StageCost]:
+    """``tokenize_busy_N`` for each N of ``CpuCosts.BUSY_WORKERS`` up to the cores: N spawned
+    workers (the server's tokenizer) start together and each tokenizes ``repeats`` new
+    prompts (at most half the model's context) back to back, in turn, for at least
+    ``BUSY_SECONDS`` (a rate over a few calls swings with the CPU's clock); the median over
+    all their calls."""
+    from sim.costs.base import CpuCosts
+
+    tokens = min(tokens, cfg.max_model_len // 2)
+    ctx = mp.get_context("spawn")
+    costs = []
+    for n in (n for n in CpuCosts.BUSY_WORKERS if n <= (os.cpu_count() or 1)):
+        start, out = ctx.Barrier(n), ctx.Queue()
+        procs = [
+            ctx.Process(
+                target=_busy_worker,
+                args=(cfg, _payloads(tokenizer, repeats + 1, tokens), start, out),
+                daemon=True,
+            )
+            for _ in range(n)
+        ]
+        for p in procs:
+            p.start()
+        try:
+            per_token = [c for _ in procs for c in _get(out, procs)]
+        finally:
+            for p in procs:
+                p.join(timeout=5)
+                if p.is_alive():
+                    p.kill()
+        costs.append(StageCost.of(f"tokenize_busy_{n}", per_token))
+    return costs
+
+
+def _get(out: Any, procs: list[Any]) -> list[float]:
+    """A worker's result; a clear error if a worker failed, died or hung."""
+    deadline = time.monotonic() + BUSY_TIMEOUT_S
+    while time.monotonic() < deadline:
+        try:
+            result: list[float] | str = out.get(timeout=0.5)
+        except queue.Empty:
+            dead = [p.exitcode for p in procs if p.exitcode not in (None, 0)]
+            if dead:
+                raise RuntimeError(f"a busy tokenizer worker died (exit {dead[0]})") from None
+            continue
+        if isinstance(result, str):
+            raise RuntimeError(f"a busy tokenizer worker failed: {result}")
+        return result
+    raise RuntimeError(f"the busy tokenizer timing got no result in {BUSY_TIMEOUT_S:g} s")
 
 
 def measure_detokenize(tokenizer: Any, ids: list[int], repeats: int, batch: int = 32) -> StageCost:

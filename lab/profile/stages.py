@@ -7,11 +7,13 @@ from pathlib import Path
 
 from engine.ipc.config import ServeConfig
 from lab.profile.cpu_stages import (
+    BUSY_TOKENS,
     TOKENIZE_IDLE_S,
     measure_detokenize,
     measure_ipc,
     measure_schedule,
     measure_tokenize,
+    measure_tokenize_busy,
 )
 from lab.profile.http_stages import CONCURRENCY, measure_http
 from sim.costs.profile import EMPTY_SHAPE, ProfileRow
@@ -26,9 +28,13 @@ def measure_stages(cfg: ServeConfig, repeats: int, info: dict[str, str]) -> list
     tokenizer = load_tokenizer(cfg.tokenizer_path)
     text = PROSE.read_text(encoding="utf-8")
     ids = list(tokenizer.encode(text, add_special_tokens=False))[:1024]
-    print("timing the CPU stages: tokenize, detokenize, ipc, http, schedule", file=sys.stderr)
+    print(
+        "timing the CPU stages: tokenize (idle, busy), detokenize, ipc, http, schedule",
+        file=sys.stderr,
+    )
     costs = [
         measure_tokenize(tokenizer, cfg, repeats),
+        *measure_tokenize_busy(tokenizer, cfg, repeats),
         measure_detokenize(tokenizer, ids[:256], repeats),
         measure_ipc(ids, repeats),
         *measure_http(repeats),
@@ -38,6 +44,8 @@ def measure_stages(cfg: ServeConfig, repeats: int, info: dict[str, str]) -> list
     info["cpu_stages"] = (
         f"tokenizer {cfg.tokenizer_path}; tokenize = the worker's work on a "
         f"new 1024-token engine bench prompt after {TOKENIZE_IDLE_S:g} s idle, per token; "
+        f"tokenize_busy_N = the same on new {min(BUSY_TOKENS, cfg.max_model_len // 2)}-token "
+        "prompts back to back, N workers at once, per token; "
         "detokenize = TokenBatch of 32 one-token items through Detokenizer.process, per token; "
         "ipc = half a ZeroMQ ipc:// round trip of a 1024-id TokenizedRequest; "
         f"frontend + stream = CPU time of the real app's event loop for {CONCURRENCY} "

@@ -74,6 +74,7 @@ REAL_FROM_READS = (
     "overlap",
     "colocation",
     "cpu_profile",
+    "tokenize_busy",
     "config",
     "out",
     "no_report",
@@ -116,6 +117,12 @@ def add_validate_args(sub: argparse._SubParsersAction[argparse.ArgumentParser]) 
         metavar="FILE",
         help="CPU stage costs from this profile, before --profile's (measure them on the host "
         "that serves: engine profile --no-steps; hosts of one GPU kind differ by 30 %%)",
+    )
+    p.add_argument(
+        "--tokenize-busy",
+        action=argparse.BooleanOptionalAction,
+        help="price a prompt a tokenizer goes straight on to at the CPU profile's back-to-back "
+        "rate (its tokenize_busy_N rows; see sim replay)",
     )
     p.add_argument(
         "--colocation",

@@ -69,7 +69,7 @@ def recorded_trace(args: argparse.Namespace, run: dict[str, Any], served: pd.Dat
 
 def recorded_config(args: argparse.Namespace, run: dict[str, Any]) -> SimConfig:
     """The recorded simulator config with ``--profile`` (and ``--overlap``, ``--colocation``,
-    ``--cpu-profile`` and the ``--config`` file's keys, if given)."""
+    ``--cpu-profile``, ``--tokenize-busy`` and the ``--config`` file's keys, if given)."""
     values = {k: v for k, v in run["sim_config"].items() if k in CONFIG_KEYS}
     if args.config is not None:
         values |= read_config_file(args.config)
@@ -82,4 +82,6 @@ def recorded_config(args: argparse.Namespace, run: dict[str, Any]) -> SimConfig:
         values["colocation"] = args.colocation
     if args.cpu_profile is not None:
         values["cpu_profile"] = args.cpu_profile
+    if args.tokenize_busy is not None:
+        values["tokenize_busy"] = args.tokenize_busy
     return build_config(None, **values)

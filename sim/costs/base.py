@@ -79,6 +79,12 @@ class CpuCosts:
     ``detokenize`` per output token, ``ipc`` per message hop, ``schedule`` per
     scheduler step plus ``schedule_request`` per request in the step's batch,
     ``stream`` per streamed chunk (the frontend's SSE event for one token).
+
+    ``tokenize`` is a prompt's cost to a tokenizer that was idle when it came; one that goes
+    straight on from the prompt before runs at the back-to-back rate of ``tokenize_busy``:
+    ``(workers, s per input token)`` pairs, each measured with that many workers tokenizing
+    at once, ascending (empty where the profile measured none: ``tokenize`` then stands for
+    it). See ``tokenize_time``.
     """
 
     frontend: float
@@ -90,6 +96,7 @@ class CpuCosts:
     stream: float
     source: str
     provenance: str
+    tokenize_busy: tuple[tuple[int, float], ...] = ()
 
     KINDS = (
         "frontend",
@@ -101,11 +108,25 @@ class CpuCosts:
         "stream",
     )
 
+    BUSY_WORKERS = (1, 2, 4, 8)  # the worker counts a profile's ``tokenize_busy_N`` rows hold
+
     def schedule_time(self, batch_size: int) -> float:
         return self.schedule + self.schedule_request * batch_size
 
+    def tokenize_time(self, tokens: int, busy: int = 0) -> float:
+        """Seconds to tokenize a prompt of ``tokens``: by a tokenizer that was idle
+        (``busy`` 0), or back to back with ``busy`` tokenizers (itself included) working at
+        once: the rate measured with the most workers not above ``busy``."""
+        rate = self.tokenize
+        for workers, per_token in self.tokenize_busy:
+            if busy < workers:
+                break
+            rate = per_token
+        return rate * tokens
+
     def describe(self) -> dict[str, object]:
         out: dict[str, object] = {k: getattr(self, k) for k in self.KINDS}
+        out["tokenize_busy"] = [list(p) for p in self.tokenize_busy]
         out["source"] = self.source
         out["provenance"] = self.provenance
         return out

@@ -21,7 +21,8 @@ busy that long).
 ``split`` is ``fit`` for rows the ``table`` model is fitted to and ``holdout``
 for rows kept out of the fit to measure its error. A CPU row (``kind`` =
 ``frontend``, ``tokenize``, ``detokenize``, ``ipc``, ``schedule``,
-``schedule_request``) holds a per-unit cost in ``duration_s`` (see
+``schedule_request``; optional: ``tokenize_busy_N``, the back-to-back rate with N
+tokenizers at once, ``BUSY_KINDS``) holds a per-unit cost in ``duration_s`` (see
 ``CpuCosts``), its shape columns zero, its ``device_s`` equal to ``duration_s``;
 several rows of a kind are averaged. Copy rows (``COPY_KINDS``: ``copy_h2d``,
 ``copy_h2d_token``, ``copy_d2h``, ``copy_d2h_token``) are per-unit costs
@@ -50,9 +51,10 @@ COLUMNS = (*LEGACY_COLUMNS, "device_s")
 LAUNCH_COLUMNS = (*COLUMNS, "launch_s")
 STEP_KINDS = ("prefill", "decode", "mixed")
 CPU_KINDS = CpuCosts.KINDS
+BUSY_KINDS = tuple(f"tokenize_busy_{n}" for n in CpuCosts.BUSY_WORKERS)
 COPY_KINDS = ("copy_h2d", "copy_h2d_token", "copy_d2h", "copy_d2h_token")
 TRANSFER_KINDS = ("kv_transfer", "kv_transfer_token")
-UNIT_KINDS = (*CPU_KINDS, *COPY_KINDS, *TRANSFER_KINDS)
+UNIT_KINDS = (*CPU_KINDS, *BUSY_KINDS, *COPY_KINDS, *TRANSFER_KINDS)
 SPLITS = ("fit", "holdout")
 REQUIRED_PROVENANCE = ("hardware", "model", "date", "command")
 
@@ -254,8 +256,15 @@ def cpu_costs_from(profile: Profile, fallback: CpuCosts | None = None) -> CpuCos
             values[kind] = getattr(fallback, kind)
         else:
             raise ProfileError(f"{profile.path}: no CPU cost row of kind {kind!r}")
+    busy = tuple(
+        (n, profile.cpu[kind])
+        for n, kind in zip(CpuCosts.BUSY_WORKERS, BUSY_KINDS, strict=True)
+        if kind in profile.cpu
+    )
+    if not busy and fallback is not None:
+        busy = fallback.tokenize_busy
     source = profile.path if fallback is None else f"{profile.path} over {fallback.source}"
     provenance = profile.provenance_text()
     if fallback is not None and not set(CpuCosts.KINDS) <= profile.cpu.keys():
         provenance += f" | rest from {fallback.source}: {fallback.provenance}"
-    return CpuCosts(**values, source=source, provenance=provenance)
+    return CpuCosts(**values, source=source, provenance=provenance, tokenize_busy=busy)

@@ -6,15 +6,18 @@ times follow from the trace alone, request by request in arrival order:
 - the frontend is one FIFO server (one asyncio event loop) taking ``frontend``
   seconds a request: ``start = max(arrival, previous parsed)``, ``parsed =
   start + frontend``;
-- the tokenizer pool is ``num_tokenizers`` FIFO servers taking ``tokenize``
-  seconds a prompt token, dealt requests round-robin as the frontend deals them
-  (``engine.server.inlets.Inlet``): a request entering at ``parsed + ipc`` starts
-  when its worker is free, ``tokenized = start + tokenize * input_length``;
+- the tokenizer pool is ``num_tokenizers`` FIFO servers, dealt requests round-robin
+  as the frontend deals them (``engine.server.inlets.Inlet``): a request entering at
+  ``parsed + ipc`` starts when its worker is free, ``tokenized = start +
+  tokenize_time``: ``tokenize`` seconds a prompt token if the worker was idle, the
+  back-to-back rate of as many busy workers (``CpuCosts.tokenize_time``) if it goes
+  straight on from the prompt before;
 - it reaches the scheduler at ``tokenized + ipc``.
 
 That is the ``split`` layout. In the ``frontend`` layout the frontend's process
 tokenizes (on a thread beside its loop, which it holds meanwhile): ``tokenized
-= parsed + tokenize * input_length``, the next request's intake waits for it,
+= parsed + tokenize_time`` (back to back if the request waited for a tokenization),
+the next request's intake waits for it,
 and one hop takes the tokens to the scheduler (no tokenizer worker, no hop to
 one). In the ``inline`` layout the text goes one hop from the frontend to the
 scheduler, ``sched_arrival = parsed + ipc``, and the scheduler's loop tokenizes
@@ -105,11 +108,12 @@ class FrontQueue:
     def __init__(
         self, cpu: CpuCosts, num_tokenizers: int, loop: bool = False, layout: str = "split"
     ) -> None:
-        self.frontend, self.ipc, self.tokenize = cpu.frontend, cpu.ipc, cpu.tokenize
+        self.frontend, self.ipc, self.tokenize_time = cpu.frontend, cpu.ipc, cpu.tokenize_time
         self.detokenize, self.stream_cost = cpu.detokenize, cpu.stream
         self.loop = loop
         self.layout = layout
         self.loop_free = -np.inf
+        self._tokenized = -np.inf  # when the loop last finished a tokenization (``frontend``)
         self.workers = [-np.inf] * num_tokenizers  # when each worker is free again
         self._next_worker = 0  # the worker the next request is dealt to (round-robin)
         self.f_waits: tuple[list[float], list[float]] = ([], [])
@@ -157,13 +161,17 @@ class FrontQueue:
         if self._streams:
             self._serve_streams(now)
         begin = now
+        # straight on from the prompt before (``frontend``): the loop's last work tokenized
+        busy = int(self.loop_free > now and self.loop_free == self._tokenized)
         if self.loop_free > now:
             self.f_waits[0].append(now)
             self.f_waits[1].append(self.loop_free)
             begin = self.loop_free
         parsed = self.loop_free = begin + self.frontend
         if self.layout == "frontend":  # the frontend's process tokenizes, then one hop
-            done = self.loop_free = parsed + self.tokenize * input_length
+            done = self.loop_free = self._tokenized = parsed + self.tokenize_time(
+                input_length, busy
+            )
             return parsed, parsed, parsed, done, done + self.ipc
         if self.layout == "inline":  # the text goes one hop; the scheduler's loop tokenizes it
             reached = parsed + self.ipc
@@ -172,12 +180,13 @@ class FrontQueue:
         worker = self._next_worker
         self._next_worker = (worker + 1) % len(self.workers)
         free = self.workers[worker]
-        begin = entered
-        if free > entered:
+        begin, busy = entered, 0
+        if free > entered:  # it goes straight on from the prompt before: the busy rate
             self.t_waits[0].append(entered)
             self.t_waits[1].append(free)
             begin = free
-        done = self.workers[worker] = begin + self.tokenize * input_length
+            busy = sum(f > begin for f in self.workers) + 1
+        done = self.workers[worker] = begin + self.tokenize_time(input_length, busy)
         return parsed, entered, begin, done, done + self.ipc
 
     def waits(self, stage: str) -> tuple[np.ndarray, np.ndarray]:

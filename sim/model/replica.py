@@ -176,11 +176,11 @@ class Replica:
         when it joins the core's queue); 0 in the others."""
         s, times = self.sched, self.times
         now = at = self.env.now
-        for i in self._inbox:
+        for n, i in enumerate(self._inbox):
             tr = self.trace[i]
-            if self.tokenizes:
+            if self.tokenizes:  # the first after the loop's other work, the rest back to back
                 times["tokenize_start"][i] = at
-                at = at + self.cpu.tokenize * tr.input_length
+                at = at + self.cpu.tokenize_time(tr.input_length, min(n, 1))
                 times["tokenized"][i] = times["sched_arrival"][i] = at
             self.queue_request(i, s.add, at)
         self._inbox = []
