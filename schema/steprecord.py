@@ -35,6 +35,13 @@ A speculating engine (``engine serve --speculative``) writes two more columns
 after those, ``SPECULATIVE_COLUMNS``: ``draft_tokens``, the draft tokens the
 step fed for verification, and ``accepted_tokens``, those the model accepted.
 
+A prefill or decode server (``engine serve --role prefill|decode``) writes three more
+columns after those, ``TRANSFER_COLUMNS``: the KV transfers that ended well between the step
+before and this one's end (sent, on a prefill server; landed, on a decode server),
+``kv_transfers``, their bytes, ``kv_bytes``, and their summed time, ``kv_transfer_ms``, as
+the server's ``engine_kv_transfer_seconds_total`` counts it (prefill: from the send to the
+acknowledgment; decode: writing the pages).
+
 With several replicas (``engine serve --dp N``, ``sim replay --replicas N``)
 each replica's scheduler has its own steps: the engine writes replica k's to
 ``replica_record_path(PATH, k, N)``, and a run's table holds them all with a
@@ -79,6 +86,8 @@ STEP_RECORD_COLUMNS = (
 )
 SPECULATIVE_COLUMNS = ("draft_tokens", "accepted_tokens")
 """The columns a speculating engine adds after ``STEP_RECORD_COLUMNS``."""
+TRANSFER_COLUMNS = ("kv_transfers", "kv_bytes", "kv_transfer_ms")
+"""The columns a prefill or decode server adds after those (and the speculative ones)."""
 STEP_RECORD_NAME = "engine_steps.csv"
 REPLICA_COLUMN = "replica"
 """The last column of a record of several replicas: the replica that ran the step."""
@@ -88,7 +97,7 @@ TIME_COLUMNS = ("schedule_start", "schedule_end", "enqueued", "launched", "done"
 """The columns that are times (seconds; see the module doc for their clock)."""
 LEGACY_COLUMNS = tuple(c for c in STEP_RECORD_COLUMNS if c != "enqueued")
 """The columns of records written before ``enqueued`` was: read with ``enqueued`` empty."""
-FLOAT_COLUMNS = (*TIME_COLUMNS, "device_ms")
+FLOAT_COLUMNS = (*TIME_COLUMNS, "device_ms", "kv_transfer_ms")
 """Columns read as float64 (``device_ms`` is NaN where the device did not time the step); the
 others are int64."""
 
@@ -112,7 +121,7 @@ def step_record_in(folder: Path) -> Path | None:
 
 def read_step_record(path: Path) -> pd.DataFrame:
     """A step record as a frame with ``STEP_RECORD_COLUMNS`` in order (then
-    ``SPECULATIVE_COLUMNS`` and ``replica`` where the file has them), typed as
+    ``SPECULATIVE_COLUMNS``, ``TRANSFER_COLUMNS`` and ``replica`` where the file has them), typed as
     ``FLOAT_COLUMNS`` says, in step order (replica by replica; a ``.gz`` file is read
     gzipped); ``ValueError`` naming ``path`` when its header or a cell does not fit or a
     step lacks one of its times."""
@@ -122,12 +131,13 @@ def read_step_record(path: Path) -> pd.DataFrame:
     with opener(path, "rt", newline="") as f:
         header = tuple(next(csv.reader(f), []))
     known = [
-        (*columns, *last)
+        (*columns, *transfers, *last)
         for columns in (
             STEP_RECORD_COLUMNS,
             LEGACY_COLUMNS,
             (*STEP_RECORD_COLUMNS, *SPECULATIVE_COLUMNS),
         )
+        for transfers in ((), TRANSFER_COLUMNS)
         for last in ((), (REPLICA_COLUMN,))
     ]
     if header not in known:

@@ -29,6 +29,7 @@ from test_engine_router import running_router
 
 from engine.launch.serve import serve_main
 from engine.router.main import router_main
+from schema.steprecord import read_step_record
 
 pytestmark = pytest.mark.slow
 
@@ -40,10 +41,19 @@ GREEDY = {"model": MODEL, "max_tokens": 10, "temperature": 0, "ignore_eos": True
 
 
 @pytest.fixture(scope="module")
-def servers(model_ready: str) -> Iterator[dict[str, Server]]:
+def records(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """Where the prefill and decode servers record their steps."""
+    folder = tmp_path_factory.mktemp("pd_steps")
+    return {role: folder / f"{role}.csv" for role in ("prefill", "decode")}
+
+
+@pytest.fixture(scope="module")
+def servers(model_ready: str, records: dict[str, Path]) -> Iterator[dict[str, Server]]:
     """A colocated server, a prefill server and a decode server, started side by side."""
     flags = {"colocated": COMMON, "prefill": (*COMMON, "--role", "prefill", *PD),
              "decode": (*COMMON, "--role", "decode", *PD)}  # fmt: skip
+    for role, path in records.items():
+        flags[role] = (*flags[role], "--record-steps", str(path))
     with ThreadPoolExecutor(3) as pool:
         futures = {role: pool.submit(start_server, *args) for role, args in flags.items()}
         started = {role: f.result() for role, f in futures.items() if f.exception() is None}
@@ -156,6 +166,43 @@ def test_greedy_output_through_the_pair_is_the_colocated_servers(
         assert metric(server, "engine_kv_pages_in_transfer") == 0
     sent = prefill.metrics()["engine_kv_transfer_bytes_total"]
     assert sent == decode.metrics()["engine_kv_transfer_bytes_total"]
+
+
+def test_the_step_records_carry_the_transfers(
+    servers: dict[str, Server], router: str, records: dict[str, Path]
+) -> None:
+    """Each server's step record counts the transfers that ended between its steps: a
+    request's KV lands before its first decode step, so the decode server's rows hold all it
+    took in; the prefill server's, those acknowledged before its last step."""
+    for path, body in cases():
+        answer(router, path, body)
+    for role in ("prefill", "decode"):
+        server = servers[role]
+        total = metric(server, "engine_kv_transfer_bytes_total")
+        transfers = ok_transfers(server)
+        deadline = time.monotonic() + 10  # the loop flushes its record once it falls idle
+        while True:
+            steps = read_step_record(records[role])
+            if steps["kv_bytes"].sum() == total or time.monotonic() > deadline:
+                break
+            time.sleep(0.1)
+        assert steps["kv_bytes"].sum() > 0 and steps["kv_transfer_ms"].sum() > 0
+        if role == "decode":
+            assert steps["kv_bytes"].sum() == total
+            assert steps["kv_transfers"].sum() == transfers
+        else:
+            assert steps["kv_bytes"].sum() <= total
+            assert steps["kv_transfers"].sum() <= transfers
+
+
+def ok_transfers(server: Server) -> float:
+    """The transfers that ended ok (``engine_kv_transfers_total{status="ok"}``)."""
+    text = httpx.get(f"{server.url}/metrics", timeout=10).text
+    return sum(
+        float(line.rsplit(" ", 1)[1])
+        for line in text.splitlines()
+        if line.startswith("engine_kv_transfers_total{") and 'status="ok"' in line
+    )
 
 
 def test_a_client_that_goes_away_frees_the_decode_servers_pages(

@@ -22,7 +22,7 @@ import torch
 from conftest import Server, running_server
 
 from core.scheduler import DecodeSlot, Plan, PrefillChunk, SchedulerConfig, StepShape
-from engine.ipc.messages import TokenizedRequest
+from engine.ipc.messages import TokenizedRequest, TransferStats
 from engine.runner import ModelRunner, RunnerArgs
 from engine.sampling import SamplingParams
 from engine.scheduler_proc.driver import Launched, StepDriver
@@ -36,6 +36,7 @@ from schema.steprecord import (
     SHAPE_COLUMNS,
     STEP_RECORD_COLUMNS,
     STEP_RECORD_NAME,
+    TRANSFER_COLUMNS,
     read_step_record,
     replica_record_path,
 )
@@ -89,6 +90,27 @@ def test_rows_read_back_as_written(tmp_path: Path) -> None:
     pd.testing.assert_frame_equal(read_step_record(tmp_path / "again.csv"), steps)
     steps.to_csv(tmp_path / "again.csv.gz", index=False)  # as the reports keep records
     pd.testing.assert_frame_equal(read_step_record(tmp_path / "again.csv.gz"), steps)
+
+
+def test_a_prefill_or_decode_server_records_the_transfers_that_ended(tmp_path: Path) -> None:
+    """Each row: the ok transfers since the row before, from the hand-offs' running totals
+    (none until they are set), whatever ended otherwise."""
+    path = tmp_path / "steps.csv"
+    recorder = StepRecorder(path, flush_every=1, transfers=True)
+    totals = [TransferStats(ended={"ok": 2, "timeout": 1}, nbytes=3000, seconds=0.25),
+              TransferStats(ended={"ok": 2, "timeout": 4}, nbytes=3000, seconds=0.25)]  # fmt: skip
+    for i, plan in enumerate([*PLANS, Plan(5, decode=(DecodeSlot("a", 31, (0, 1)),))]):
+        if i == 1:
+            recorder.transfer_totals = iter(totals).__next__
+        launch = Launch.of(plan, (EPOCH0 + i,) * 4, False, (0, 1))
+        recorder.add(launch, EPOCH0 + i + 0.5, None)
+    recorder.close()
+    steps = read_step_record(path)
+    assert tuple(steps.columns) == (*STEP_RECORD_COLUMNS, *TRANSFER_COLUMNS)
+    assert steps["kv_transfers"].tolist() == [0, 2, 0]
+    assert steps["kv_bytes"].tolist() == [0, 3000, 0]
+    assert steps["kv_transfer_ms"].tolist() == [0.0, 250.0, 0.0]
+    assert steps["kv_transfer_ms"].dtype == np.float64
 
 
 def test_a_record_from_before_enqueued_reads_with_it_empty(tmp_path: Path) -> None:

@@ -85,7 +85,9 @@ def serve_rank0(cfg: ServeConfig, leader: TPLeader) -> None:
     recorder = None
     if cfg.record_steps is not None:
         path = replica_record_path(Path(cfg.record_steps), cfg.replica, cfg.dp_size)
-        recorder = StepRecorder(path, speculative=cfg.speculative.on)
+        recorder = StepRecorder(
+            path, speculative=cfg.speculative.on, transfers=sched_cfg.role != "colocated"
+        )
         runner.time_steps = True
         log.info("recording every step in %s", path)
     drafter = cfg.speculative.drafter(runner.model, sched_cfg.max_running)
@@ -105,6 +107,8 @@ def serve_rank0(cfg: ServeConfig, leader: TPLeader) -> None:
         )
         pd_info = {"handoff_addr": decode.address, "kv_addr": decode.receiver.address}
         log.info("decode role: hand-offs at %s, KV at %s", *pd_info.values())
+    if recorder is not None and pd is not None:
+        recorder.transfer_totals = pd.stats
     report_ready(
         cfg,
         ctx,
