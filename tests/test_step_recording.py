@@ -8,6 +8,7 @@ import math
 import signal
 import threading
 import time
+from collections import Counter
 from collections.abc import Iterator
 from contextlib import suppress
 from dataclasses import replace
@@ -22,10 +23,11 @@ import torch
 from conftest import Server, running_server
 
 from core.scheduler import DecodeSlot, Plan, PrefillChunk, SchedulerConfig, StepShape
-from engine.ipc.messages import TokenizedRequest, TransferStats
+from engine.ipc.messages import TokenizedRequest
 from engine.runner import ModelRunner, RunnerArgs
 from engine.sampling import SamplingParams
 from engine.scheduler_proc.driver import Launched, StepDriver
+from engine.scheduler_proc.pd import TransferCounters
 from engine.scheduler_proc.recorder import Launch, StepRecorder
 from lab.bench.client import RequestRecord
 from lab.bench.main import bench_main, server_steps_paths
@@ -93,15 +95,16 @@ def test_rows_read_back_as_written(tmp_path: Path) -> None:
 
 
 def test_a_prefill_or_decode_server_records_the_transfers_that_ended(tmp_path: Path) -> None:
-    """Each row: the ok transfers since the row before, from the hand-offs' running totals
+    """Each row: the ok transfers since the row before, from the hand-offs' running counters
     (none until they are set), whatever ended otherwise."""
     path = tmp_path / "steps.csv"
     recorder = StepRecorder(path, flush_every=1, transfers=True)
-    totals = [TransferStats(ended={"ok": 2, "timeout": 1}, nbytes=3000, seconds=0.25),
-              TransferStats(ended={"ok": 2, "timeout": 4}, nbytes=3000, seconds=0.25)]  # fmt: skip
+    counters = TransferCounters(Counter(ok=2, timeout=1), nbytes=3000, seconds=0.25)
     for i, plan in enumerate([*PLANS, Plan(5, decode=(DecodeSlot("a", 31, (0, 1)),))]):
         if i == 1:
-            recorder.transfer_totals = iter(totals).__next__
+            recorder.transfer_counters = counters
+        if i == 2:
+            counters.ended["timeout"] += 3
         launch = Launch.of(plan, (EPOCH0 + i,) * 4, False, (0, 1))
         recorder.add(launch, EPOCH0 + i + 0.5, None)
     recorder.close()

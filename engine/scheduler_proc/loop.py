@@ -108,7 +108,7 @@ def serve_rank0(cfg: ServeConfig, leader: TPLeader) -> None:
         pd_info = {"handoff_addr": decode.address, "kv_addr": decode.receiver.address}
         log.info("decode role: hand-offs at %s, KV at %s", *pd_info.values())
     if recorder is not None and pd is not None:
-        recorder.transfer_totals = pd.stats
+        recorder.transfer_counters = pd.counters
     report_ready(
         cfg,
         ctx,

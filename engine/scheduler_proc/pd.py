@@ -43,7 +43,10 @@ SPIN_MS = 2  # the loop's wait while KV moves on sockets it cannot poll (the tra
 
 
 class Handoffs(Protocol):
-    """One role's side of the hand-offs, as the scheduler loop drives it."""
+    """One role's side of the hand-offs, as the scheduler loop drives it; ``counters``: its
+    transfers so far."""
+
+    counters: TransferCounters
 
     def add(self, msg: messages.TokenizedRequest) -> messages.TokenItem | None:
         """A request from this server's frontend; an item for its client now, if any."""

@@ -13,19 +13,18 @@ A speculating engine (``--speculative``) adds ``SPECULATIVE_COLUMNS`` at the
 end of each row: the draft tokens the step fed for verification and those the
 model accepted. A prefill or decode server adds ``TRANSFER_COLUMNS`` after them:
 the KV transfers that ended well since the row before, from its hand-offs'
-running totals (``transfers``, read as each row is added).
+running counters (``TransferCounters``, read as each row is added).
 """
 
 from __future__ import annotations
 
 import csv
 import signal
-from collections.abc import Callable
 from pathlib import Path
 from typing import NamedTuple
 
 from core.scheduler import Plan, StepShape
-from engine.ipc.messages import TransferStats
+from engine.scheduler_proc.pd import TransferCounters
 from schema.steprecord import SPECULATIVE_COLUMNS, STEP_RECORD_COLUMNS, TRANSFER_COLUMNS
 
 FLUSH_EVERY = 256  # rows kept between writes while busy (a write stalls the loop: keep it short)
@@ -74,7 +73,7 @@ Row = tuple[int | float | None, ...]
 class StepRecorder:
     """Appends step rows to a CSV file with a header row (the file is replaced); with
     ``speculative``, the draft columns too; with ``transfers`` (a prefill or decode server),
-    the transfer columns, from the totals that ``transfer_totals`` returns (none until it is
+    the transfer columns, from the hand-offs' ``transfer_counters`` (none until they are
     set: the hand-offs come to be after the recorder)."""
 
     def __init__(
@@ -87,7 +86,7 @@ class StepRecorder:
         self.flush_every = flush_every
         self.speculative = speculative
         self.transfers = transfers
-        self.transfer_totals: Callable[[], TransferStats] | None = None
+        self.transfer_counters: TransferCounters | None = None
         self._counted = (0, 0, 0.0)  # ok transfers, bytes, seconds at the row before
         self.rows: list[Row] = []
         self.file = path.open("w", newline="")
@@ -119,10 +118,10 @@ class StepRecorder:
 
     def _transferred(self) -> tuple[int, int, float]:
         """The transfers that ended well since the row before: count, bytes, milliseconds."""
-        if self.transfer_totals is None:
+        t = self.transfer_counters
+        if t is None:
             return 0, 0, 0.0
-        t = self.transfer_totals()
-        now = (t.ended.get("ok", 0), t.nbytes, t.seconds)
+        now = (t.ended["ok"], t.nbytes, t.seconds)
         (n0, b0, s0), self._counted = self._counted, now
         return now[0] - n0, now[1] - b0, (now[2] - s0) * 1e3
 
