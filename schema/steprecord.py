@@ -40,7 +40,8 @@ columns after those, ``TRANSFER_COLUMNS``: the KV transfers that ended well betw
 before and this one's end (sent, on a prefill server; landed, on a decode server),
 ``kv_transfers``, their bytes, ``kv_bytes``, and their summed time, ``kv_transfer_ms``, as
 the server's ``engine_kv_transfer_seconds_total`` counts it (prefill: from the send to the
-acknowledgment; decode: writing the pages).
+acknowledgment; decode: writing the pages). A disaggregated replay writes them too
+(``sim.model.step_record``).
 
 With several replicas (``engine serve --dp N``, ``sim replay --replicas N``)
 each replica's scheduler has its own steps: the engine writes replica k's to

@@ -143,6 +143,39 @@ def test_fast_forward_and_determinism() -> None:
             np.testing.assert_allclose(fast.requests[col], other.requests[col], atol=1e-9)
 
 
+def test_the_step_record_carries_each_sides_transfers() -> None:
+    """Each replica's rows carry the transfers as a prefill or decode server's do: all of
+    them once, a prefill replica's timed from the send to the acknowledgment, a decode
+    replica's at their price, their bytes whole pages; the same with and without fast
+    forwarding. (A row counts what ended before it: the last request, of one token, moves
+    no KV and gives the prefill replica a step after the last acknowledgment.)"""
+    trace = trace_of(*[(0.05 * i, 300 + 97 * i, 30 + i) for i in range(12)], (30.0, 64, 1))
+    records = []
+    for fast_forward in (True, False):
+        result = run_replay(
+            trace,
+            build_config(None, **(PD | {"decode_replicas": 2, "fast_forward": fast_forward})),
+            progress=False,
+            record_steps=True,
+        )
+        steps = result.engine_steps
+        assert steps is not None
+        assert list(steps.columns[-4:]) == ["kv_transfers", "kv_bytes", "kv_transfer_ms", "replica"]
+        transfers = result.summary["disaggregation"]["transfers"]
+        per_replica = steps.groupby("replica")[["kv_transfers", "kv_bytes", "kv_transfer_ms"]].sum()
+        prefill, decode = per_replica.loc[0], per_replica.loc[1:].sum()
+        assert prefill["kv_transfers"] == decode["kv_transfers"] == transfers["count"] == 12
+        pages = sum(-(-(300 + 97 * i) // 16) for i in range(12))
+        page_bytes = 16 * result.summary["disaggregation"]["transfer_costs"]["bytes_per_token"]
+        nbytes = pytest.approx(pages * page_bytes, abs=12)
+        assert prefill["kv_bytes"] == decode["kv_bytes"] == nbytes
+        assert prefill["kv_transfer_ms"] == pytest.approx(transfers["seconds"] * 1e3)
+        assert decode["kv_transfer_ms"] == pytest.approx(transfers["wire_seconds"] * 1e3)
+        assert (steps["kv_transfer_ms"] >= 0).all() and steps["kv_transfers"].max() >= 1
+        records.append(per_replica)
+    pd.testing.assert_frame_equal(records[0], records[1], rtol=1e-6)
+
+
 def test_sim_replay_flags_and_outputs(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     trace = tmp_path / "t.jsonl"
     rows = [{"timestamp": 100 * i, "input_length": 700, "output_length": 6, "hash_ids": [i]}

@@ -22,15 +22,22 @@ from sim.costs.profile import TRANSFER_KINDS, Profile
 
 @dataclass(frozen=True, slots=True)
 class TransferCosts:
+    """The price of one transfer of ``tokens`` KV tokens, each ``bytes_per_token`` bytes."""
+
     fixed: float
     per_token: float
+    bytes_per_token: float
     source: str
 
     def transfer_time(self, tokens: int) -> float:
         return self.fixed + self.per_token * tokens if tokens > 0 else 0.0
 
+    def nbytes(self, tokens: int) -> int:
+        return round(self.bytes_per_token * tokens)
+
     def describe(self) -> dict[str, object]:
-        return {"fixed_s": self.fixed, "per_token_s": self.per_token, "source": self.source}
+        return {"fixed_s": self.fixed, "per_token_s": self.per_token,
+                "bytes_per_token": self.bytes_per_token, "source": self.source}  # fmt: skip
 
 
 def transfer_costs(
@@ -56,7 +63,7 @@ def transfer_costs(
             fixed = latency_s
         if gbps is not None:
             per_token = kv_bytes_per_token / (gbps * 1e9)
-        return TransferCosts(fixed, per_token, source)
+        return TransferCosts(fixed, per_token, kv_bytes_per_token, source)
     if latency_s is None or gbps is None:
         where = "no profile" if profile is None else f"{profile.path} has no {TRANSFER_KINDS} rows"
         raise ValueError(
@@ -64,7 +71,8 @@ def transfer_costs(
             "transfer_latency_s and transfer_gbps"
         )
     per_token = kv_bytes_per_token / (gbps * 1e9)
-    return TransferCosts(latency_s, per_token, f"given: {latency_s:g} s + {gbps:g} GB/s")
+    given = f"given: {latency_s:g} s + {gbps:g} GB/s"
+    return TransferCosts(latency_s, per_token, kv_bytes_per_token, given)
 
 
 def check_disaggregated(

@@ -41,6 +41,7 @@ from sim.costs.transfer import TransferCosts
 from sim.model.cluster import Cluster, ClusterReplica
 from sim.model.pipeline import delay_to
 from sim.model.replica import RequestRecords
+from sim.model.step_record import StepRecordLog
 
 
 @dataclass(slots=True)
@@ -69,8 +70,10 @@ class PrefillReplica(ClusterReplica):
         super().__init__(*args, **kwargs)
         assert isinstance(self.cluster, PDCluster)
         self.pd = self.cluster
+        if self.loop.record is not None:
+            self.loop.record = StepRecordLog(transfers=True)
         self.replies: list[tuple[int, Receive]] = []  # decode sides' answers, not yet taken
-        self.sending: dict[int, float] = {}  # KV sent, not yet acknowledged: since when
+        self.sending: dict[int, tuple[float, int]] = {}  # KV sent, not acknowledged: when, bytes
         self.acked: list[int] = []  # transfers acknowledged, pages not yet released
         self.cancelled: list[int] = []  # requests the decode side failed
 
@@ -97,14 +100,15 @@ class PrefillReplica(ClusterReplica):
                 continue
             tokens = max(transfer.prompt_len - receive.first * sched.page_size, 0)
             if tokens:
-                self.sending[i] = now
-                pd.send_kv(i, tokens)
+                self.sending[i] = (now, pd.send_kv(i, tokens))
             else:  # the decode side's prefix cache holds it all: nothing to send
                 self.acked.append(i)
         for i in self.acked:  # its pages were read: released, as a finished request's
             sent = self.sending.pop(i, None)
             if sent is not None:
-                pd.totals.seconds += now - sent
+                pd.totals.seconds += now - sent[0]
+                if self.loop.record is not None:
+                    self.loop.record.note_transfer(sent[1], now - sent[0])
             sched.transfer_done(self.trace[i].rid)
             self.router.finished(self.trace[i].rid, now)
             pd.side_done(i)
@@ -131,10 +135,12 @@ class DecodeReplica(ClusterReplica):
         super().__init__(*args, **kwargs)
         assert isinstance(self.cluster, PDCluster)
         self.pd = self.cluster
+        if self.loop.record is not None:
+            self.loop.record = StepRecordLog(transfers=True)
         self.halves: set[int] = set()  # its own requests that reached the scheduler
         self.handoffs: dict[int, bool] = {}  # hand-offs come: whether the first token ended it
         self.ready: list[int] = []  # both halves here, not yet paired
-        self.landed: list[int] = []  # KV landed, not yet decoding
+        self.landed: list[tuple[int, int, float]] = []  # KV landed (bytes, priced s), not taken
 
     def enter(self, i: int, now: float) -> None:
         """Its half of request ``i``: timed through this server's own front (its records are
@@ -168,9 +174,11 @@ class DecodeReplica(ClusterReplica):
             self.halves.discard(i)
             self._pair(i, self.handoffs.pop(i), now)
         landed, self.landed = self.landed, []
-        for i in landed:  # taken in (scattered) between steps, then acknowledged
+        for i, nbytes, seconds in landed:  # taken in (scattered) between steps, acknowledged
             self.sched.kv_landed(self.trace[i].rid)
             self.pd.acknowledge(i)
+            if self.loop.record is not None:
+                self.loop.record.note_transfer(nbytes, seconds)
         return super().admit_inbox()
 
     def _pair(self, i: int, ends: bool, now: float) -> None:
@@ -290,14 +298,17 @@ class PDCluster(Cluster):
         """The decode side reserved request ``i``'s pages: tell its prefill side."""
         self._post(self._prefill(i), "replies", (i, receive), self.ipc)
 
-    def send_kv(self, i: int, tokens: int) -> None:
+    def send_kv(self, i: int, tokens: int) -> int:
         """The prefill side sends request ``i``'s ``tokens`` of KV now: it lands on the decode
-        side ``transfer_time`` later."""
+        side ``transfer_time`` later. Returns its bytes: whole pages, as the engine sends."""
         seconds = self.transfer.transfer_time(tokens)
+        page = self._prefill(i).sched.page_size
+        nbytes = self.transfer.nbytes(-(-tokens // page) * page)
         self.totals.count += 1
         self.totals.tokens += tokens
         self.totals.wire_seconds += seconds
-        self._post(self._decode(i), "landed", i, seconds)
+        self._post(self._decode(i), "landed", (i, nbytes, seconds), seconds)
+        return nbytes
 
     def acknowledge(self, i: int) -> None:
         """The decode side took request ``i``'s KV in: its acknowledgment goes back."""

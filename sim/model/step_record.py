@@ -19,7 +19,12 @@ decode run is expanded with numpy as it is added (its shapes grow by one token
 a request per step), so the record costs a few array appends per step; it is
 kept only when asked for (``LoopSettings.record_steps``). A speculating replay
 adds ``SPECULATIVE_COLUMNS`` as the speculating engine does: the draft tokens a
-step fed and those its draws accepted.
+step fed and those its draws accepted. A disaggregated replay's replicas add
+``TRANSFER_COLUMNS`` as a prefill or decode server does: the transfers that ended since
+the row before (``note_transfer``), on a prefill replica when it took the acknowledgment in
+(its time from the send, both loops' waits included, as the engine's prefill server counts
+it), on a decode replica when it took the landed KV in (its time the transfer's price, from
+the send to the landing, where the engine's decode server counts only writing the pages).
 """
 
 from __future__ import annotations
@@ -31,7 +36,12 @@ import pandas as pd
 
 from core.scheduler.plan import Plan
 from core.scheduler.shape import StepShape
-from schema.steprecord import SHAPE_COLUMNS, SPECULATIVE_COLUMNS, STEP_RECORD_COLUMNS
+from schema.steprecord import (
+    SHAPE_COLUMNS,
+    SPECULATIVE_COLUMNS,
+    STEP_RECORD_COLUMNS,
+    TRANSFER_COLUMNS,
+)
 
 TIME_COLUMNS = ("schedule_start", "schedule_end", "launched", "done", "device_ms")
 INT_COLUMNS = tuple(c for c in STEP_RECORD_COLUMNS if c not in (*TIME_COLUMNS, "enqueued"))
@@ -39,13 +49,33 @@ INT_COLUMNS = tuple(c for c in STEP_RECORD_COLUMNS if c not in (*TIME_COLUMNS, "
 
 class StepRecordLog:
     """Rows of ``engine_steps.csv`` in step order, column by column (``speculative``: with the
-    draft columns)."""
+    draft columns; ``transfers``: with the KV transfer columns)."""
 
-    def __init__(self, speculative: bool = False) -> None:
+    def __init__(self, speculative: bool = False, transfers: bool = False) -> None:
         self._floats = {c: array("d") for c in TIME_COLUMNS}
-        extra = SPECULATIVE_COLUMNS if speculative else ()
-        self._ints = {c: array("q") for c in (*INT_COLUMNS, *extra)}
+        extra = (*(SPECULATIVE_COLUMNS if speculative else ()),
+                 *(TRANSFER_COLUMNS if transfers else ()))  # fmt: skip
+        self._ints = {c: array("q") for c in (*INT_COLUMNS, *extra) if c != "kv_transfer_ms"}
+        if transfers:
+            self._floats["kv_transfer_ms"] = array("d")
         self.columns = [*STEP_RECORD_COLUMNS, *extra]
+        self._ended = (0, 0, 0.0)  # transfers ended since the last row: count, bytes, seconds
+
+    def note_transfer(self, nbytes: int, seconds: float) -> None:
+        """A transfer of ``nbytes`` ended well now, after ``seconds``: the next row counts it."""
+        count, total, time = self._ended
+        self._ended = (count + 1, total + nbytes, time + seconds)
+
+    def _transfers(self, rows: int) -> None:
+        """The transfer columns of ``rows`` new rows: the first takes what ended since the
+        last row."""
+        if "kv_transfers" not in self._ints:
+            return
+        (count, nbytes, seconds), self._ended = self._ended, (0, 0, 0.0)
+        pad = rows - 1
+        self._ints["kv_transfers"].extend([count] + [0] * pad)
+        self._ints["kv_bytes"].extend([nbytes] + [0] * pad)
+        self._floats["kv_transfer_ms"].extend([seconds * 1e3] + [0.0] * pad)
 
     def add(
         self,
@@ -74,6 +104,7 @@ class StepRecordLog:
         if "draft_tokens" in i:
             i["draft_tokens"].append(drafts[0])
             i["accepted_tokens"].append(drafts[1])
+        self._transfers(1)
 
     def add_run(
         self,
@@ -116,13 +147,15 @@ class StepRecordLog:
         }
         for name, values in columns.items():
             i[name].frombytes(values.tobytes())
-        for name in set(i) - columns.keys():  # the draft columns: a run verifies no draft
+        drafts = set(i) - columns.keys() - set(TRANSFER_COLUMNS)
+        for name in drafts:  # a run verifies no draft
             i[name].frombytes(np.zeros(k, dtype=np.int64).tobytes())
+        self._transfers(k)
 
     def frame(self) -> pd.DataFrame:
-        """All rows, columns in ``STEP_RECORD_COLUMNS`` order (then the draft columns). A
-        simulated step's host work all comes before its device work, so it is handed to the
-        device when launched (``enqueued`` = ``launched``)."""
+        """All rows, columns in ``STEP_RECORD_COLUMNS`` order (then the draft or transfer
+        columns). A simulated step's host work all comes before its device work, so it is
+        handed to the device when launched (``enqueued`` = ``launched``)."""
         data = {c: np.frombuffer(a, dtype=np.float64) for c, a in self._floats.items()}
         data["enqueued"] = data["launched"]
         data |= {c: np.frombuffer(a, dtype=np.int64) for c, a in self._ints.items()}
