@@ -9,7 +9,6 @@ and spaces ``▁``. Other tokens fall back to their text.
 
 from __future__ import annotations
 
-import json
 import re
 from typing import Any
 
@@ -33,11 +32,12 @@ def byte_level_alphabet() -> dict[str, int]:
 
 
 def _uses_byte_level(tokenizer: Any) -> bool:
-    backend = getattr(tokenizer, "backend_tokenizer", None)
-    if backend is None:
+    """Whether the tokenizer's decoder (or one in its sequence) is byte-level; read from the
+    decoder's own JSON (its pickle state), not the whole tokenizer's (a vocabulary's worth)."""
+    decoder = getattr(getattr(tokenizer, "backend_tokenizer", None), "decoder", None)
+    if decoder is None:
         return False
-    decoder = json.loads(backend.to_str()).get("decoder") or {}
-    return '"ByteLevel"' in json.dumps(decoder)
+    return '"ByteLevel"' in bytes(decoder.__getstate__()).decode()
 
 
 class TokenPieces:
