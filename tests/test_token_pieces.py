@@ -10,22 +10,23 @@ from transformers import PreTrainedTokenizerFast
 
 from engine.detokenizer.pieces import TokenPieces
 
+FAST: Any = PreTrainedTokenizerFast  # its constructor is untyped
 VOCAB = {"<unk>": 0, "▁hi": 1, "<0xC3>": 2, "<0xA9>": 3, "a": 4}
 
 
-def sentencepiece_style() -> PreTrainedTokenizerFast:
+def sentencepiece_style() -> Any:
     tok = Tokenizer(models.WordLevel(VOCAB, unk_token="<unk>"))
     tok.pre_tokenizer = pre_tokenizers.Metaspace()
     tok.decoder = decoders.Sequence([decoders.ByteFallback(), decoders.Metaspace()])
-    return PreTrainedTokenizerFast(tokenizer_object=tok)
+    return FAST(tokenizer_object=tok)
 
 
-def byte_level(decoder: Any) -> PreTrainedTokenizerFast:
+def byte_level(decoder: Any) -> Any:
     # "Ã" and "©" spell the bytes 0xC3 and 0xA9 in GPT-2's byte-to-character table
     tok = Tokenizer(models.WordLevel({"<unk>": 0, "Ã": 1, "©": 2, "Ġhi": 3}, unk_token="<unk>"))
     tok.pre_tokenizer = pre_tokenizers.ByteLevel()
     tok.decoder = decoder
-    return PreTrainedTokenizerFast(tokenizer_object=tok)
+    return FAST(tokenizer_object=tok)
 
 
 def test_sentencepiece_bytes_and_spaces() -> None:
