@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+from tokenizers import Tokenizer, decoders, models
 from transformers import PreTrainedTokenizerFast
 
 from engine.detokenizer.pieces import TokenPieces
@@ -16,7 +16,6 @@ VOCAB = {"<unk>": 0, "▁hi": 1, "<0xC3>": 2, "<0xA9>": 3, "a": 4}
 
 def sentencepiece_style() -> Any:
     tok = Tokenizer(models.WordLevel(VOCAB, unk_token="<unk>"))
-    tok.pre_tokenizer = pre_tokenizers.Metaspace()
     tok.decoder = decoders.Sequence([decoders.ByteFallback(), decoders.Metaspace()])
     return FAST(tokenizer_object=tok)
 
@@ -24,7 +23,6 @@ def sentencepiece_style() -> Any:
 def byte_level(decoder: Any) -> Any:
     # "Ã" and "©" spell the bytes 0xC3 and 0xA9 in GPT-2's byte-to-character table
     tok = Tokenizer(models.WordLevel({"<unk>": 0, "Ã": 1, "©": 2, "Ġhi": 3}, unk_token="<unk>"))
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel()
     tok.decoder = decoder
     return FAST(tokenizer_object=tok)
 
