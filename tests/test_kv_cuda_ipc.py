@@ -130,17 +130,24 @@ def test_pages_land_device_to_device(sender: Sender, tmp_path: Path) -> None:
 @cuda
 def test_cancel_waits_for_the_copy(sender: Sender, tmp_path: Path) -> None:
     """A transfer cancelled while its copy waits on the sender's work: the cancel returns once
-    the copy ran, the sender hears it refused, and no later poll reports it."""
+    the copy ran, the sender hears it refused, and no later poll reports it. (A first
+    transfer opens the sender's pool here, which may take longer than the sender's work.)"""
     pool = filled("cuda", 3)
     with KVReceiver(f"ipc://{tmp_path}/c.sock", pool) as receiver:
+        receiver.expect("w", [20])
+        sender.call("send", receiver.address, "w", [5], receiver.device, 0)
+        assert received(receiver)[0].ok
+        assert [r.status for r in sender.call("poll", 10.0)] == ["ok"]
         receiver.expect("c", [10, 11])
-        sender.conn.send(("send", receiver.address, "c", [3, 4], receiver.device, 300))
-        deadline = time.monotonic() + CALL_TIMEOUT_S
-        while not receiver._landing and time.monotonic() < deadline:  # the copy started
-            assert receiver.poll() == []
-            time.sleep(0.001)
-        assert receiver.cancel("c")
-        sent = sender.conn.recv()
+        sender.conn.send(("send", receiver.address, "c", [3, 4], receiver.device, 1000))
+        try:
+            deadline = time.monotonic() + CALL_TIMEOUT_S
+            while not receiver._landing and time.monotonic() < deadline:  # the copy started
+                assert receiver.poll() == []
+                time.sleep(0.001)
+            assert receiver.cancel("c")
+        finally:  # the sender's answer, read even when the test fails (the next test's is next)
+            sent = sender.conn.recv()
         assert [r.status for r in sender.call("poll", 10.0)] == ["refused"]
         assert receiver.poll() == []
         for ours, theirs in zip(pages_of(pool, [10, 11]), sent, strict=True):
