@@ -7,6 +7,7 @@ import asyncio
 import json
 import random
 import socket
+import statistics
 import threading
 import time
 from collections.abc import AsyncIterator, Iterator
@@ -82,9 +83,10 @@ def test_crossing_interpolates_the_mean_attainment_in_log_scale() -> None:
     assert crossing({1.0: 1.0, 2.0: 0.0}, 0.5) == pytest.approx(2**0.5)
 
 
-def fake_app() -> Starlette:
+def fake_app(holds: list[float]) -> Starlette:
     """An OpenAI-style server with one engine that serves requests one at a time, first come
-    first served, in ``SERVICE_S`` each; tokens then stream at once."""
+    first served, in ``SERVICE_S`` each; tokens then stream at once. ``holds``: how long each
+    request held the engine (the sleep's overshoot on a busy machine included)."""
     engine = asyncio.Lock()
 
     async def models(request: Request) -> JSONResponse:
@@ -93,11 +95,13 @@ def fake_app() -> Starlette:
     async def completions(request: Request) -> StreamingResponse:
         body = await request.json()
         await engine.acquire()
+        start = time.perf_counter()
 
         async def stream() -> AsyncIterator[str]:
             try:
                 await asyncio.sleep(SERVICE_S)
             finally:
+                holds.append(time.perf_counter() - start)
                 engine.release()
             for _ in range(body["max_tokens"]):
                 yield "data: " + json.dumps({"choices": [{"index": 0, "text": " a"}]}) + "\n\n"
@@ -110,10 +114,15 @@ def fake_app() -> Starlette:
 
 
 @pytest.fixture
-def fake_url() -> Iterator[str]:
+def holds() -> list[float]:
+    return []
+
+
+@pytest.fixture
+def fake_url(holds: list[float]) -> Iterator[str]:
     sock = socket.socket()
     sock.bind(("127.0.0.1", 0))
-    server = uvicorn.Server(uvicorn.Config(fake_app(), log_level="warning"))
+    server = uvicorn.Server(uvicorn.Config(fake_app(holds), log_level="warning"))
     thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
     thread.start()
     while not server.started:
@@ -126,7 +135,11 @@ def fake_url() -> Iterator[str]:
 
 @pytest.mark.slow
 def test_the_planted_capacity_of_a_fake_server(
-    fake_url: str, model_ready: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+    fake_url: str,
+    holds: list[float],
+    model_ready: str,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
 ) -> None:
     trace = tmp_path / "even.jsonl"
     rows = [{"timestamp": 1e3 * INTERVAL_S * i, "input_length": 16, "output_length": 2}
@@ -141,9 +154,13 @@ def test_the_planted_capacity_of_a_fake_server(
     assert main(argv) == 0
     answer = json.loads((out / "capacity.json").read_text())
     real = answer["real"]
+    # the capacity the fake engine offered: PLANTED on an idle machine, less where its
+    # sleeps overshoot (this test's client shares its process)
+    planted = INTERVAL_S / statistics.median(holds)
+    assert planted <= PLANTED * 1.01
     # 36 of 40 requests within 200 ms hold up to about 2.6x; the bracket is within 10 %
-    assert PLANTED / 1.12 <= real["capacity"] <= PLANTED * 1.1, real
-    assert real["capacity"] < real["first_failing"] <= PLANTED * 1.25
+    assert planted / 1.12 <= real["capacity"] <= planted * 1.1, (real, planted)
+    assert real["capacity"] < real["first_failing"] <= planted * 1.25
     assert answer["trace_rate"] == pytest.approx(1 / INTERVAL_S, rel=0.03)
     assert answer["sim"]["capacity"] > 0 and answer["sim"]["error"] == ""
     assert answer["rel_err"] == pytest.approx(answer["sim"]["capacity"] / real["capacity"] - 1)
