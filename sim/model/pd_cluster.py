@@ -41,7 +41,6 @@ from sim.costs.transfer import TransferCosts
 from sim.model.cluster import Cluster, ClusterReplica
 from sim.model.pipeline import delay_to
 from sim.model.replica import RequestRecords
-from sim.model.step_record import StepRecordLog
 
 
 @dataclass(slots=True)
@@ -66,12 +65,12 @@ class TransferTotals:
 class PrefillReplica(ClusterReplica):
     """A prefill-role server: prefills, hands off, sends the KV once the decode side answers."""
 
+    transfers_kv = True
+
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         assert isinstance(self.cluster, PDCluster)
         self.pd = self.cluster
-        if self.loop.record is not None:
-            self.loop.record = StepRecordLog(transfers=True)
         self.replies: list[tuple[int, Receive]] = []  # decode sides' answers, not yet taken
         self.sending: dict[int, tuple[float, int]] = {}  # KV sent, not acknowledged: when, bytes
         self.acked: list[int] = []  # transfers acknowledged, pages not yet released
@@ -131,12 +130,12 @@ class PrefillReplica(ClusterReplica):
 class DecodeReplica(ClusterReplica):
     """A decode-role server: pairs a request with its hand-off, takes its KV, decodes it."""
 
+    transfers_kv = True
+
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         assert isinstance(self.cluster, PDCluster)
         self.pd = self.cluster
-        if self.loop.record is not None:
-            self.loop.record = StepRecordLog(transfers=True)
         self.halves: set[int] = set()  # its own requests that reached the scheduler
         self.handoffs: dict[int, bool] = {}  # hand-offs come: whether the first token ended it
         self.ready: list[int] = []  # both halves here, not yet paired

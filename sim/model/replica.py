@@ -107,6 +107,8 @@ class RequestRecords:
 class Replica:
     """One server's scheduler and what it records; subclasses bring the requests to it."""
 
+    transfers_kv = False  # a PD role moves KV between servers (its step record counts it)
+
     def __init__(
         self,
         env: simpy.Environment,

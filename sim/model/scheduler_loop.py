@@ -123,7 +123,9 @@ class SimSchedulerLoop:
         acceptance = settings.acceptance
         self.draws = None if acceptance is None else AcceptanceDraws(acceptance, settings.seed)
         speculative = acceptance is not None
-        self.record = StepRecordLog(speculative) if settings.record_steps else None
+        self.record = (
+            StepRecordLog(speculative, host.transfers_kv) if settings.record_steps else None
+        )
         self.reach = Reach()  # the largest steps priced (``sim.costs.reach``)
         self._counts = (0, 0)  # waiting and running before the last schedule (when recorded)
 
