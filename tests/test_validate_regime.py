@@ -61,6 +61,22 @@ def test_queue_growth_without_waiting_is_overload() -> None:
     assert run["growth"] == pytest.approx(0.2, abs=0.02)
 
 
+def test_a_short_run_overloads_only_when_its_queue_gains_requests() -> None:
+    """16 requests 10 s apart, each admitted at once, the later ones longer (2 s growing to
+    20 s): the system holds one more request at the end than at the start, which tilts the
+    fitted slope past 0.10 of the arrival rate, but the engine never fell behind by three
+    requests, so the run is not overloaded. 16 requests a second apart, served at half that
+    rate, gain six: overloaded."""
+    arrival = np.arange(16) * 10.0
+    longer = classify(table(arrival, arrival + 0.05, arrival + np.linspace(2.0, 20.0, 16)))
+    assert longer["growth"] >= 0.10 and longer["gain"] < 3.0
+    assert longer["regime"] == "stable"
+    arrival = np.arange(16.0)
+    slow = classify(table(arrival, arrival + 0.02, 1.0 + np.arange(16) * 2.0))
+    assert slow["regime"] == "overloaded"
+    assert slow["gain"] == pytest.approx(6.0, abs=1.5)
+
+
 def test_runs_without_stage_times_use_the_first_token() -> None:
     run = table(ARRIVAL, ARRIVAL + 3.0, ARRIVAL + 4.0)
     run["tokenized"] = run["first_scheduled"] = np.nan  # another server: client times only
@@ -72,7 +88,8 @@ def test_comparison_keeps_every_run_s_regime() -> None:
     out = regimes(real, fifo(0.5))
     assert [r["regime"] for r in out["real_runs"]] == ["overloaded", "stable"]
     assert out["real"] == "overloaded" and out["sim"]["regime"] == "stable"
-    assert out["thresholds"] == {"overload_growth": 0.1, "backlog_waiting": 1.0}
+    assert out["thresholds"] == {"overload_growth": 0.1, "overload_gain": 3.0,
+                                 "backlog_waiting": 1.0}  # fmt: skip
     one = regimes([table(ARRIVAL[:1], ARRIVAL[:1] + 1, ARRIVAL[:1] + 2)], fifo(0.5))
     assert one["real"] is None and one["real_runs"][0]["regime"] is None
     summary = {m: dict.fromkeys(("mean", "p50", "p90", "p99"), 1.0)
@@ -80,4 +97,4 @@ def test_comparison_keeps_every_run_s_regime() -> None:
     summary |= {"request_throughput": 1.0, "output_throughput": 1.0}
     comparison = compare([summary], summary) | {"regime": out}
     text = format_comparison(comparison)
-    assert "regime: real run: overloaded [overloaded (growth +0.500, waiting " in text
+    assert "regime: real run: overloaded [overloaded (growth +0.500, gain +7" in text

@@ -10,6 +10,8 @@ requests (``requests.csv`` times), two counts::
 
     growth       = slope of in_system(t) over the window's last three quarters
                    (least squares on GRID_POINTS even samples) / arrival rate
+    gain         = growth * the requests that arrived in those three quarters
+                   (the requests the system gained over them, by that slope)
     mean_waiting = the time average of waiting(t) over the window
 
 A stable engine holds a steady number of requests, so ``growth`` is near 0; one
@@ -21,6 +23,9 @@ admission: 1 or more means a request waits at least one mean inter-arrival time.
 
     overloaded   growth >= OVERLOAD_GROWTH (0.10: the engine completes at most
                  about 90 % of the offered rate, and the queue grows all run)
+                 and gain >= OVERLOAD_GAIN (3 requests: on a few dozen requests a
+                 burst of arrivals at the window's end tilts the slope by more than
+                 0.10 without the engine falling behind)
     backlogged   not overloaded, mean_waiting >= BACKLOG_WAITING (1 request)
     stable       neither
 """
@@ -34,6 +39,7 @@ import pandas as pd
 
 REGIMES = ("stable", "backlogged", "overloaded")
 OVERLOAD_GROWTH = 0.10
+OVERLOAD_GAIN = 3.0
 BACKLOG_WAITING = 1.0
 GRID_POINTS = 200
 SKIP_FILL = 0.25
@@ -58,7 +64,7 @@ def classify(requests: pd.DataFrame) -> dict[str, Any]:
     done = requests[requests["status"] == "completed"]
     arrival, finished = _times(done, "arrival"), _times(done, "finished")
     t0, t1 = (float(arrival.min()), float(arrival.max())) if len(done) else (0.0, 0.0)
-    out: dict[str, Any] = {"regime": None, "growth": None, "mean_waiting": None,
+    out: dict[str, Any] = {"regime": None, "growth": None, "gain": None, "mean_waiting": None,
                            "arrival_rate": None, "window_s": t1 - t0}  # fmt: skip
     if len(done) < 2 or not t1 > t0:
         return out
@@ -68,15 +74,16 @@ def classify(requests: pd.DataFrame) -> dict[str, Any]:
         np.sort(finished), grid, side="right"
     )
     growth = float(np.polyfit(grid, in_system, 1)[0]) / rate
+    gain = growth * int(np.count_nonzero(arrival >= grid[0]))
     start, end = _times(done, "tokenized"), _times(done, "first_scheduled")
     if not (np.isfinite(start).all() and np.isfinite(end).all()):
         start, end = arrival, _times(done, "first_token")
     waiting = _mean_count(start, end, t0, t1)
-    if growth >= OVERLOAD_GROWTH:
+    if growth >= OVERLOAD_GROWTH and gain >= OVERLOAD_GAIN:
         regime = "overloaded"
     else:
         regime = "backlogged" if waiting >= BACKLOG_WAITING else "stable"
-    out.update(regime=regime, growth=growth, mean_waiting=waiting, arrival_rate=rate)
+    out.update(regime=regime, growth=growth, gain=gain, mean_waiting=waiting, arrival_rate=rate)
     return out
 
 
@@ -89,7 +96,11 @@ def regimes(real: list[pd.DataFrame], sim: pd.DataFrame) -> dict[str, Any]:
         "real": max(known, key=REGIMES.index) if known else None,
         "real_runs": runs,
         "sim": classify(sim),
-        "thresholds": {"overload_growth": OVERLOAD_GROWTH, "backlog_waiting": BACKLOG_WAITING},
+        "thresholds": {
+            "overload_growth": OVERLOAD_GROWTH,
+            "overload_gain": OVERLOAD_GAIN,
+            "backlog_waiting": BACKLOG_WAITING,
+        },
     }
 
 
@@ -99,7 +110,8 @@ def describe(regime: dict[str, Any]) -> str:
     def one(r: dict[str, Any]) -> str:
         if r["regime"] is None:
             return "-"
-        return f"{r['regime']} (growth {r['growth']:+.3f}, waiting {r['mean_waiting']:.2f})"
+        growth, gain, waiting = r["growth"], r["gain"], r["mean_waiting"]
+        return f"{r['regime']} (growth {growth:+.3f}, gain {gain:+.1f}, waiting {waiting:.2f})"
 
     runs = "; ".join(one(r) for r in regime["real_runs"])
     return f"real run: {regime['real'] or '-'} [{runs}]; simulated: {one(regime['sim'])}"
