@@ -66,9 +66,12 @@ def sender_main(conn: Connection) -> None:
             if cmd == "send":
                 address, tid, pages, peer, delay_ms = args
                 if delay_ms:  # a long kernel, then the pages rewritten behind it
+                    # (indexed by a device tensor: a list index would copy from the host and
+                    # so wait for the kernel, and the send would leave after the work)
+                    index = torch.tensor(pages, device="cuda")
                     torch.cuda._sleep(int(delay_ms * 2_000_000))  # type: ignore[no-untyped-call]
                     for t in [*pool.k, *pool.v]:
-                        t[pages] = t[pages] * 2 + 1
+                        t[index] = t[index] * 2 + 1
                 sender.send(address, tid, pool, pages, None, peer)
                 torch.cuda.synchronize()
                 conn.send(pages_of(pool, pages))
