@@ -81,7 +81,9 @@
 #             $LAYOUT_TRACE; $LAYOUT_REPEATS (1) real runs each
 #   tokscale  1, 2 and 4 tokenizer workers ($TOKSCALE_WORKERS) on a trace whose long text
 #             prompts share a 16k-token prefix (the tokenizer binds, the GPU little), real
-#             against simulated (benchmarks/layout_load.py)
+#             against simulated (benchmarks/layout_load.py); $TOKSCALE_ROUNDS (1) sweeps in
+#             turn, to OUT_DIR/tokscale_rR (a served tokenizer's speed drifts between runs
+#             minutes apart on these hosts: reports/layouts/)
 #   layout_ab a decoding request while a 32k-token text prompt arrives, per layout, at
 #             prefill budgets $AB_BUDGETS (512,2048), $AB_REPEATS (2) runs each
 #             (benchmarks/layout_ab.py; the step records too)
@@ -446,9 +448,12 @@ for part in $parts; do
     tokscale)
         python3 -m lab.cli.sim gen --rate 60 --input uniform:16640:16896 --output fixed:16 \
             --num 300 --prefix-groups 1 --prefix-len fixed:16384 --seed 7 --out build/tokbound.jsonl
-        run tokscale 580 python3 benchmarks/layout_load.py --trace build/tokbound.jsonl \
-            --layouts split --num-tokenizers "${TOKSCALE_WORKERS:-1,2,4}" --rates 1 --repeats 1 \
-            "${GPU_LOAD_ARGS[@]}" $cpu_flag --out "$out/tokscale"
+        for round in $(seq "${TOKSCALE_ROUNDS:-1}"); do
+            run "tokscale_r$round" 580 python3 benchmarks/layout_load.py \
+                --trace build/tokbound.jsonl --layouts split --rates 1 --repeats 1 \
+                --num-tokenizers "${TOKSCALE_WORKERS:-1,2,4}" "${GPU_LOAD_ARGS[@]}" $cpu_flag \
+                --out "$out/tokscale_r$round"
+        done
         ;;
     layout_ab)
         run layout_ab 580 python3 benchmarks/layout_ab.py --model llama-3.1-8b \
