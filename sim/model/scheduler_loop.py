@@ -122,10 +122,8 @@ class SimSchedulerLoop:
         self._in_run = False  # waiting out a decode run that cut_run may cut
         acceptance = settings.acceptance
         self.draws = None if acceptance is None else AcceptanceDraws(acceptance, settings.seed)
-        speculative = acceptance is not None
-        self.record = (
-            StepRecordLog(speculative, host.transfers_kv) if settings.record_steps else None
-        )
+        speculative, transfers = acceptance is not None, host.transfers_kv
+        self.record = StepRecordLog(speculative, transfers) if settings.record_steps else None
         self.reach = Reach()  # the largest steps priced (``sim.costs.reach``)
         self._counts = (0, 0)  # waiting and running before the last schedule (when recorded)
 
