@@ -40,6 +40,14 @@
 #             _SCALE, _LIMIT, _REPEATS, _PROFILE, _MPS, _COLOCATION: a co-location table); the
 #             Qwen3 profile measures the long grid; each replica records its steps (the
 #             attribution sets the profile against each one's)
+#   pd        prefill/decode disaggregation on one GPU: a Qwen3-0.6B prefill server and decode
+#             server sharing it, against two colocated servers sharing it, each pair behind
+#             `engine router`, real against simulated (benchmarks/pd_load.py) on $PD_TRACE
+#             (the Azure conversation trace) at $PD_RATES, $PD_LIMIT requests, $PD_REPEATS runs,
+#             SLOs $PD_SLO_TTFT_MS / $PD_SLO_TPOT_MS; each server takes $PD_MEM_FRACTION of the
+#             GPU; PD_MPS=1 through the MPS daemon; the simulation prices steps by $PD_PROFILE
+#             (default: the cluster part's Qwen3 profile, measured here) and stretches them by
+#             the co-location table $PD_COLOCATION when given
 #   capacity  `sim validate --capacity` on a trace none of the model's choices saw (a `sim gen`
 #             trace of mid-length prompts with shared prefixes, bursty; or $CAP_TRACE at
 #             $CAP_SCALE, $CAP_LIMIT requests), SLOs TTFT <= $CAP_TTFT_MS (1000) and TPOT <=
@@ -155,7 +163,7 @@ mid_prefix_trace() {  # the capacity part's held-out trace (mid-length prompts, 
 }
 for part in $parts; do
     case $part in  # measured before the part's server starts
-    attribution|cluster|capacity|alone|tier|validate|layouts|tokscale) cpu_flag=$(host_cpu) ;;
+    attribution|cluster|pd|capacity|alone|tier|validate|layouts|tokscale) cpu_flag=$(host_cpu) ;;
     esac
     case $part in
     probe)
@@ -299,6 +307,25 @@ for part in $parts; do
             wait "$pid" 2>/dev/null
         done
         [ "${CLUSTER_MPS:-0}" = 1 ] && echo quit | nvidia-cuda-mps-control
+        ;;
+    pd)  # a prefill and a decode server on one GPU against two colocated ones, real and simulated
+        qprofile=${PD_PROFILE:-$out/h200_qwen3-0.6b.csv}
+        if [ ! -f "$qprofile" ]; then
+            run profile_qwen3 200 python3 -m lab.cli.engine profile --model qwen3-0.6b \
+                --dummy-weights --tokenizer .gpu/tokenizer --device cuda $LONG_GRID \
+                --max-seconds "${CLUSTER_PROFILE_SECONDS:-90}" --out "$qprofile"
+        fi
+        if [ "${PD_MPS:-0}" = 1 ]; then
+            nvidia-cuda-mps-control -d || { echo "MPS daemon did not start"; continue; }
+        fi
+        run pd 580 python3 benchmarks/pd_load.py --trace "${PD_TRACE:-traces/azure_conv.csv}" \
+            --limit "${PD_LIMIT:-200}" --rates "${PD_RATES:-2,5}" --repeats "${PD_REPEATS:-1}" \
+            --profile "$qprofile" --model qwen3-0.6b --threads 4 \
+            --slo-ttft-ms "${PD_SLO_TTFT_MS:-500}" --slo-tpot-ms "${PD_SLO_TPOT_MS:-20}" \
+            --serve-args "$GPU_SERVE --mem-fraction ${PD_MEM_FRACTION:-0.4}" \
+            --validate-args "--tokenizer .gpu/tokenizer $cpu_flag${PD_COLOCATION:+ --colocation $PD_COLOCATION}" \
+            --out "$out/pd" --json "$out/pd_load.json"
+        [ "${PD_MPS:-0}" = 1 ] && echo quit | nvidia-cuda-mps-control
         ;;
     capacity)  # the real engine's capacity against the simulator's, on a held-out trace
         mid_prefix_trace
