@@ -13,7 +13,10 @@ ok: from the send to the acknowledgment) against the simulation's mean transfer.
 Written to ``--json`` and printed as markdown: per setup and rate, TTFT, TPOT and E2E
 P50/P90 real and simulated with the error, the transfer per request (``pd``), and goodput
 per server within ``--slo-ttft-ms`` and ``--slo-tpot-ms`` (every real run's mean); per rate,
-disaggregation's goodput gain over colocated, real and simulated.
+disaggregation's goodput gain over colocated, real and simulated. With ``--record-steps DIR``
+each server records its steps (over all its rates) to ``DIR/SETUP_K_steps.csv`` (K 0: the
+prefill server or the first worker; 1: the other), what ``sim colocation fit`` reads when the
+two share a GPU.
 
     python benchmarks/pd_load.py --trace traces/azure_conv.csv --limit 30 --rates 0.02,0.06 \\
         --profile profiles/cpu-xeon-2core_smollm2-135m.csv --slo-ttft-ms 3000 \\
@@ -61,6 +64,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--serve-args", default="", help="more engine serve flags (each server)")
     p.add_argument("--validate-args", default="", help="more sim validate flags")
     p.add_argument("--out", type=Path, default=Path("out/pd_load"), help="(out/pd_load)")
+    p.add_argument("--record-steps", type=Path, help="a folder: each server's step record")
     p.add_argument("--json", type=Path, help="the results (default: OUT/pd_load.json)")
     args = p.parse_args(argv)
     for flag, path in (("--trace", args.trace), ("--profile", args.profile)):
@@ -140,11 +144,16 @@ def run_setup(args: argparse.Namespace, setup: str) -> list[dict[str, Any]]:
     """Two servers of ``setup`` behind a router: a validation per rate scale."""
     flags = shlex.split(args.serve_args)
     points = []
+    if args.record_steps is not None:
+        args.record_steps.mkdir(parents=True, exist_ok=True)
     with ExitStack() as stack:
-        servers = [
-            stack.enter_context(served(*role, *flags, threads=args.threads, model=args.model))
-            for role in SETUPS[setup]
-        ]
+        servers = []
+        for k, role in enumerate(SETUPS[setup]):
+            record: tuple[str, ...] = ()
+            if args.record_steps is not None:
+                record = ("--record-steps", str(args.record_steps / f"{setup}_{k}_steps.csv"))
+            server = served(*role, *flags, *record, threads=args.threads, model=args.model)
+            servers.append(stack.enter_context(server))
         for proc, url in servers:
             wait_ready(proc, url)
         urls = [url for _, url in servers]

@@ -47,7 +47,8 @@
 #             SLOs $PD_SLO_TTFT_MS / $PD_SLO_TPOT_MS; each server takes $PD_MEM_FRACTION of the
 #             GPU; PD_MPS=1 through the MPS daemon; the simulation prices steps by $PD_PROFILE
 #             (default: the cluster part's Qwen3 profile, measured here) and stretches them by
-#             the co-location table $PD_COLOCATION when given
+#             the co-location table $PD_COLOCATION when given; each server's step record in
+#             OUT_DIR/pd_steps/ (`sim colocation fit` makes such a table of them)
 #   capacity  `sim validate --capacity` on a trace none of the model's choices saw (a `sim gen`
 #             trace of mid-length prompts with shared prefixes, bursty; or $CAP_TRACE at
 #             $CAP_SCALE, $CAP_LIMIT requests), SLOs TTFT <= $CAP_TTFT_MS (1000) and TPOT <=
@@ -324,7 +325,7 @@ for part in $parts; do
             --slo-ttft-ms "${PD_SLO_TTFT_MS:-500}" --slo-tpot-ms "${PD_SLO_TPOT_MS:-20}" \
             --serve-args "$GPU_SERVE --mem-fraction ${PD_MEM_FRACTION:-0.4}" \
             --validate-args "--tokenizer .gpu/tokenizer $cpu_flag${PD_COLOCATION:+ --colocation $PD_COLOCATION}" \
-            --out "$out/pd" --json "$out/pd_load.json"
+            --record-steps "$out/pd_steps" --out "$out/pd" --json "$out/pd_load.json"
         [ "${PD_MPS:-0}" = 1 ] && echo quit | nvidia-cuda-mps-control
         ;;
     capacity)  # the real engine's capacity against the simulator's, on a held-out trace
