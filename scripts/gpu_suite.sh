@@ -157,6 +157,11 @@ host_cpu() {  # the CPU stage costs of this host, once per output folder: each v
         --out "$out/host_cpu.csv" >"$out/host_cpu.log" 2>&1
     [ -f "$out/host_cpu.csv" ] && echo "--cpu-profile $out/host_cpu.csv"
 }
+qwen3_profile() {  # qwen3_profile FILE: the Qwen3-0.6B profile, long grid, unless FILE exists
+    [ -f "$1" ] || run profile_qwen3 200 python3 -m lab.cli.engine profile --model qwen3-0.6b \
+        --dummy-weights --tokenizer .gpu/tokenizer --device cuda $LONG_GRID \
+        --max-seconds "${CLUSTER_PROFILE_SECONDS:-90}" --out "$1"
+}
 mid_prefix_trace() {  # the capacity part's held-out trace (mid-length prompts, shared prefixes)
     python3 -m lab.cli.sim gen --arrival gamma --cv 2.0 --rate 8 --input uniform:256:6144 \
         --output uniform:32:384 --num 300 --prefix-groups 10 --prefix-len uniform:512:3072 \
@@ -280,11 +285,7 @@ for part in $parts; do
         # CLUSTER_PROFILE=FILE: that profile instead of measuring one; CLUSTER_MPS=1: the
         # replicas' processes share the GPU through the MPS daemon (started and stopped here)
         qprofile=${CLUSTER_PROFILE:-$out/h200_qwen3-0.6b.csv}
-        if [ -z "${CLUSTER_PROFILE:-}" ]; then
-            run profile_qwen3 200 python3 -m lab.cli.engine profile --model qwen3-0.6b \
-                --dummy-weights --tokenizer .gpu/tokenizer --device cuda $LONG_GRID \
-                --max-seconds "${CLUSTER_PROFILE_SECONDS:-90}" --out "$qprofile"
-        fi
+        qwen3_profile "$qprofile"
         if [ "${CLUSTER_MPS:-0}" = 1 ]; then
             nvidia-cuda-mps-control -d || { echo "MPS daemon did not start"; continue; }
         fi
@@ -311,11 +312,7 @@ for part in $parts; do
         ;;
     pd)  # a prefill and a decode server on one GPU against two colocated ones, real and simulated
         qprofile=${PD_PROFILE:-$out/h200_qwen3-0.6b.csv}
-        if [ ! -f "$qprofile" ]; then
-            run profile_qwen3 200 python3 -m lab.cli.engine profile --model qwen3-0.6b \
-                --dummy-weights --tokenizer .gpu/tokenizer --device cuda $LONG_GRID \
-                --max-seconds "${CLUSTER_PROFILE_SECONDS:-90}" --out "$qprofile"
-        fi
+        qwen3_profile "$qprofile"
         if [ "${PD_MPS:-0}" = 1 ]; then
             nvidia-cuda-mps-control -d || { echo "MPS daemon did not start"; continue; }
         fi

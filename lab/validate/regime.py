@@ -10,8 +10,8 @@ requests (``requests.csv`` times), two counts::
 
     growth       = slope of in_system(t) over the window's last three quarters
                    (least squares on GRID_POINTS even samples) / arrival rate
-    gain         = growth * the requests that arrived in those three quarters
-                   (the requests the system gained over them, by that slope)
+    gain         = that slope * the length of those three quarters (the requests
+                   the system gained over them)
     mean_waiting = the time average of waiting(t) over the window
 
 A stable engine holds a steady number of requests, so ``growth`` is near 0; one
@@ -23,9 +23,9 @@ admission: 1 or more means a request waits at least one mean inter-arrival time.
 
     overloaded   growth >= OVERLOAD_GROWTH (0.10: the engine completes at most
                  about 90 % of the offered rate, and the queue grows all run)
-                 and gain >= OVERLOAD_GAIN (3 requests: on a few dozen requests a
-                 burst of arrivals at the window's end tilts the slope by more than
-                 0.10 without the engine falling behind)
+                 and gain >= OVERLOAD_GAIN (3 requests: on a few dozen requests,
+                 later and longer ones, or a burst at the window's end, tilt the
+                 slope past 0.10 without the engine falling behind)
     backlogged   not overloaded, mean_waiting >= BACKLOG_WAITING (1 request)
     stable       neither
 """
@@ -73,8 +73,8 @@ def classify(requests: pd.DataFrame) -> dict[str, Any]:
     in_system = np.searchsorted(np.sort(arrival), grid, side="right") - np.searchsorted(
         np.sort(finished), grid, side="right"
     )
-    growth = float(np.polyfit(grid, in_system, 1)[0]) / rate
-    gain = growth * int(np.count_nonzero(arrival >= grid[0]))
+    slope = float(np.polyfit(grid, in_system, 1)[0])
+    growth, gain = slope / rate, slope * (t1 - float(grid[0]))
     start, end = _times(done, "tokenized"), _times(done, "first_scheduled")
     if not (np.isfinite(start).all() and np.isfinite(end).all()):
         start, end = arrival, _times(done, "first_token")
